@@ -1,0 +1,74 @@
+"""The ``draftsmith`` command line: one typer app; each stage registers its commands from its own module.
+
+Command modules import heavy libraries (torch, transformers, prometheus_client) inside the command functions, so
+``draftsmith --help`` is instant and the worker can set ``PROMETHEUS_MULTIPROC_DIR`` before metrics are imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from draftsmith.errors import DraftsmithError
+
+app = typer.Typer(
+    name="draftsmith",
+    help="Train EAGLE-3 drafters: regenerate answers with the target, build data, extract features, train, "
+    "export, and measure acceptance in vLLM and SGLang.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+_STATE: dict[str, Any] = {"config": None, "log_level": None}
+
+
+@app.callback()
+def _root(
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="YAML config file (same keys as `draftsmith config`).", envvar="DRAFTSMITH_CONFIG"
+    ),
+    log_level: str | None = typer.Option(None, "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    _STATE["config"] = config
+    _STATE["log_level"] = log_level
+
+
+def settings(**overrides: Any):
+    """Load and validate the settings for a command, with its flags as overrides, and set up logging.
+
+    ``overrides`` is a nested dict (``{"generation": {"concurrency": 8}, "run": "demo"}``); None values are ignored.
+
+    Raises:
+        ConfigError: see :func:`draftsmith.config.load_settings`.
+    """
+    from draftsmith.config import load_settings
+    from draftsmith.log import setup_logging
+
+    if _STATE.get("log_level"):
+        overrides = {**overrides, "log_level": _STATE["log_level"].upper()}
+    s = load_settings(_STATE.get("config"), overrides)
+    setup_logging(s.log_level)
+    return s
+
+
+# Stage modules register their commands on `app` when imported.
+from draftsmith.cli import config_cmd  # noqa: E402,F401
+from draftsmith.cli import target  # noqa: E402,F401
+from draftsmith.cli import generate  # noqa: E402,F401
+
+
+def main() -> None:
+    """Console entry point: user errors print one line and exit with code 2; bugs keep their traceback."""
+    try:
+        app()
+    except DraftsmithError as e:
+        from rich.console import Console
+
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {e}")
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

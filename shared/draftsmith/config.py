@@ -1,0 +1,241 @@
+"""The one config schema. YAML file, environment variables and CLI flags are views of it.
+
+Precedence (highest first): CLI flags > environment (``DRAFTSMITH_<SECTION>__<FIELD>``, e.g.
+``DRAFTSMITH_GENERATION__CONCURRENCY=64``) > YAML file (``--config FILE`` or ``DRAFTSMITH_CONFIG``) > defaults.
+Every field has a default and a one-line doc; unknown keys are rejected (``extra="forbid"``) and the whole config
+is validated before any model, dataset or server is touched. Each stage adds its fields to its own section.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from draftsmith.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RedisConfig(Section):
+    """Where the queue lives."""
+
+    url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (redis://[:password@]host:port/db).")
+    prefix: str = Field("draftsmith", description="Prefix of every Redis key and rq queue name of draftsmith.")
+
+
+class TargetConfig(Section):
+    """The target model and the OpenAI-compatible server in front of it."""
+
+    url: str = Field("http://127.0.0.1:8000", description="Base URL of the target server (without /v1).")
+    model: str | None = Field(None, description="Served model name; None takes the only model the server serves.")
+    api_key: str | None = Field(None, description="Bearer token for the server, if it needs one.")
+    path: str | None = Field(
+        None, description="Local folder of the target checkpoint (tokenizer, weights); None = the embedded default."
+    )
+    cache_dir: Path = Field(
+        Path(os.path.expanduser("~/.cache/draftsmith")), description="Where `target prepare` writes checkpoints."
+    )
+    host: str = Field("127.0.0.1", description="Address `target serve` binds to.")
+    port: int = Field(8000, ge=1, le=65535, description="Port `target serve` listens on.")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Serving dtype; float32 is fastest on CPUs without native bf16."
+    )
+    max_model_len: int = Field(4096, ge=128, description="Context length the server accepts (prompt + output).")
+    kv_cache_gib: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build, in GiB.")
+    enforce_eager: bool = Field(False, description="Skip torch.compile warm-up (faster start, slower serving).")
+    startup_timeout_s: float = Field(900.0, gt=0, description="How long `target serve` waits for the server.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra arguments passed to the server.")
+
+
+class GenerationConfig(Section):
+    """Regeneration of answers by the target through the rq worker pool."""
+
+    max_tokens: int = Field(1024, ge=1, description="Most new tokens per assistant turn.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature (0 = greedy, matches T=0 eval).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    seed: int | None = Field(0, description="Per-request sampling seed; None lets the server pick.")
+    concurrency: int = Field(128, ge=1, description="In-flight request cap shared by all workers (the seed: 128).")
+    batch_size: int = Field(16, ge=1, description="Prompts per rq job (one record shard per job).")
+    request_timeout_s: float = Field(3600.0, gt=0, description="Client timeout of one request, in seconds.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Client connect timeout, in seconds.")
+    max_retries: int = Field(5, ge=0, description="Retries of one request on resets, timeouts, 5xx and 429.")
+    backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles per retry (with jitter).")
+    job_timeout_s: int = Field(6 * 3600, ge=10, description="rq job timeout, in seconds.")
+    job_retries: int = Field(3, ge=0, description="rq Retry count of a failed job.")
+    return_token_ids: bool = Field(True, description="Ask the server for generated token ids (vLLM supports it).")
+    min_free_disk_gb: float = Field(1.0, ge=0, description="Refuse to start below this much free disk, in GB.")
+    system_prompt: str | None = Field(None, description="System message added to prompts that have none.")
+
+
+class DataConfig(Section):
+    """Training samples built from records (issue 3)."""
+
+    max_length: int = Field(2048, ge=16, description="Longest training sample, in tokens.")
+
+
+class ExtractConfig(Section):
+    """Hidden-state extraction (issue 4)."""
+
+    backend: Literal["hf", "vllm"] = Field("hf", description="Extraction backend.")
+
+
+class TrainConfig(Section):
+    """EAGLE-3 drafter training (issue 5)."""
+
+    ttt_steps: int = Field(7, ge=1, description="Training-time-test unroll depth k.")
+
+
+class EvalConfig(Section):
+    """Acceptance measured in serving engines (issue 6)."""
+
+    engine: Literal["vllm", "sglang", "both"] = Field("vllm", description="Engine(s) to measure in.")
+    k: int = Field(3, ge=1, description="Speculative tokens per step (chain drafting).")
+
+
+class MetricsConfig(Section):
+    """Prometheus metrics of draftsmith's own processes."""
+
+    port: int = Field(9400, ge=0, le=65535, description="Port of a worker pool's /metrics (0 = no server).")
+    multiproc_dir: Path | None = Field(
+        None, description="PROMETHEUS_MULTIPROC_DIR for forked rq work-horses; None = <run>/metrics-mp."
+    )
+
+
+class Settings(BaseSettings):
+    """Root of the config schema: global options plus one section per stage."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DRAFTSMITH_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    runs_dir: Path = Field(Path("runs"), description="Folder that holds every run.")
+    run: str = Field("default", description="Run name: everything lands under <runs_dir>/<run>/.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    redis: RedisConfig = Field(default_factory=RedisConfig, description="Queue.")
+    target: TargetConfig = Field(default_factory=TargetConfig, description="Target model and server.")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Generation stage.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training-data stage.")
+    extract: ExtractConfig = Field(default_factory=ExtractConfig, description="Extraction stage.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Training stage.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus metrics.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # init kwargs carry CLI flags merged over the YAML file (see load_settings).
+        return (init_settings, env_settings)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _env_keys() -> dict[str, Any]:
+    """Nested dict of the DRAFTSMITH_* variables, to let them beat the YAML file but lose to flags."""
+    out: dict[str, Any] = {}
+    for key, value in os.environ.items():
+        if not key.startswith("DRAFTSMITH_") or key == "DRAFTSMITH_CONFIG":
+            continue
+        parts = key[len("DRAFTSMITH_") :].lower().split("__")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_settings(config_file: Path | str | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Build and validate the settings from a YAML file, the environment and CLI overrides.
+
+    Args:
+        config_file: YAML file with the same nesting as :class:`Settings`; None reads ``$DRAFTSMITH_CONFIG`` if set.
+        overrides: nested dict of values given as CLI flags (None values are ignored).
+
+    Returns:
+        The validated :class:`Settings`.
+
+    Raises:
+        ConfigError: unreadable YAML, an unknown key or an invalid value; the message names the key.
+    """
+    config_file = config_file or os.environ.get("DRAFTSMITH_CONFIG")
+    data: dict[str, Any] = {}
+    if config_file:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist", "pass an existing YAML file to --config")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}".replace("\n", " ")) from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        data = loaded
+    data = _deep_merge(data, _env_keys())
+    data = _deep_merge(data, _drop_none(overrides or {}))
+    try:
+        # env already merged by hand (so that it beats the file); keep pydantic-settings from reading it twice
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        msg = first["msg"]
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(
+                f"unknown config key '{loc}'", "see `draftsmith config --show` for every key and its doc"
+            ) from e
+        raise ConfigError(f"invalid config value for '{loc}': {msg}") from e
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            v = _drop_none(v)
+            if v:
+                out[k] = v
+        elif v is not None:
+            out[k] = v
+    return out
+
+
+def settings_to_yaml(settings: Settings) -> str:
+    """The resolved config as YAML (written beside every artifact)."""
+    return yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_fields(model: type[BaseModel] = Settings, prefix: str = "") -> list[tuple[str, str, str]]:
+    """Every config key with its default and doc: ``[(dotted.key, default, doc), ...]``."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(describe_fields(ann, f"{prefix}{name}."))
+        else:
+            default = field.get_default(call_default_factory=True)
+            rows.append((f"{prefix}{name}", repr(default), field.description or ""))
+    return rows

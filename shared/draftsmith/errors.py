@@ -1,0 +1,64 @@
+"""One exception class per failure mode a user can cause or fix.
+
+Every :class:`DraftsmithError` carries the fix in its message. The CLI prints it as one line and exits with
+code 2; anything else is a bug and keeps its traceback (torchtitan's rule: ``ValueError``-style errors for users,
+``assert`` only for invariants).
+"""
+
+from __future__ import annotations
+
+
+class DraftsmithError(Exception):
+    """A user-facing error: ``str(err)`` says what went wrong and how to fix it.
+
+    Args:
+        message: what went wrong, in one sentence.
+        hint: how to fix it (optional); appended after " -> ".
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{message} -> {hint}" if hint else message)
+
+
+class ConfigError(DraftsmithError):
+    """The configuration (YAML file, environment or flags) is invalid."""
+
+
+class SourceError(DraftsmithError):
+    """A prompt source cannot be read or holds no usable prompt."""
+
+
+class TargetUnavailable(DraftsmithError):
+    """The target server does not answer at its URL."""
+
+
+class ModelNotServed(DraftsmithError):
+    """The requested model name is not among the models the server serves."""
+
+
+class DiskSpaceError(DraftsmithError):
+    """Free disk space is below what the stage needs."""
+
+
+class DataError(DraftsmithError):
+    """Records, training data or features are missing, malformed or inconsistent."""
+
+
+class ModelError(DraftsmithError):
+    """A model folder, checkpoint or drafter does not fit what it is used with."""
+
+
+class QueueError(DraftsmithError):
+    """Redis cannot be reached or holds inconsistent queue state."""
+
+
+class EngineError(DraftsmithError):
+    """A serving engine failed to start or answered unexpectedly."""
+
+
+class TrainingError(DraftsmithError):
+    """Training cannot go on (a NaN or Inf loss, a bad resume state)."""

@@ -1,0 +1,113 @@
+"""The run directory layout: everything a run produces lives under ``<runs_dir>/<run>/``.
+
+::
+
+    runs/<run>/
+      config.yaml        resolved config of the last command that wrote to the run
+      prompts.jsonl      unique prompts extracted by ``enqueue`` (id, messages, source row)
+      records/           generation shards: <job>.jsonl + <job>.meta.json, manifest.json
+      data/              training samples (safetensors) + manifest.json + stats.json + vocab/
+      features/          hidden-state shards (safetensors) + manifest.json
+      checkpoints/       training checkpoints (step-XXXXXXXX/), latest.json
+      export/eagle3/     EAGLE / SpecForge layout; export/speculators/: speculators layout
+      eval/              report.json, report.md, report.png
+      status/            <stage>.json progress snapshots read by ``draftsmith status``
+      logs/              server and worker logs
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.errors import ConfigError
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Paths of one run. Creating the object touches nothing on disk; :meth:`ensure` makes the folders.
+
+    Raises:
+        ConfigError: the run name is not a plain folder name.
+    """
+
+    runs_dir: Path
+    run: str
+
+    def __post_init__(self) -> None:
+        if not _RUN_NAME.match(self.run):
+            raise ConfigError(
+                f"run name {self.run!r} is not a plain folder name",
+                "use letters, digits, '.', '_' or '-' (at most 64 characters)",
+            )
+
+    @property
+    def root(self) -> Path:
+        return Path(self.runs_dir) / self.run
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "prompts.jsonl"
+
+    @property
+    def records(self) -> Path:
+        return self.root / "records"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def features(self) -> Path:
+        return self.root / "features"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def ensure(self, *folders: Path) -> None:
+        """Create the run root and the given sub-folders."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for f in folders:
+            Path(f).mkdir(parents=True, exist_ok=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary name and ``os.replace``: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Text variant of :func:`atomic_write_bytes` (UTF-8)."""
+    atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,235 @@
+"""Start vLLM's CPU build as an OpenAI-compatible server, wait until it answers, stop it cleanly.
+
+On the GPU host the target is the official vLLM or SGLang server (``compose.yaml``); this module is the embedded
+CPU default, also used by the evaluator to start the target with a drafter. CPU settings measured on these
+machines (``../shared/notes/embedded-target.md``): bind OpenMP to every core, reserve none, preload Intel OpenMP,
+serve in float32 (no native bf16 arithmetic here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from draftsmith.errors import EngineError
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_env(base: dict[str, str] | None = None, kv_cache_gib: int = 2) -> dict[str, str]:
+    """Environment for vLLM's CPU build: all cores for compute, Intel OpenMP preloaded when present."""
+    env = dict(os.environ if base is None else base)
+    ncpu = os.cpu_count() or 1
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{ncpu - 1}" if ncpu > 1 else "0")
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if iomp.is_file() and "libiomp5" not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
+    return env
+
+
+@dataclass
+class VLLMServerSpec:
+    """What to serve and how. ``speculative`` is vLLM's ``--speculative-config`` dict (e.g. an EAGLE-3 drafter)."""
+
+    model: Path
+    served_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "float32"
+    max_model_len: int = 4096
+    kv_cache_gib: int = 2
+    enforce_eager: bool = False
+    speculative: dict | None = None
+    max_num_seqs: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The server command line (``python -m vllm.entrypoints.openai.api_server``: the console script of the
+        ``vllm-cpu`` distribution fails with ``PackageNotFoundError: vllm``)."""
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model),
+            "--host", self.host, "--port", str(self.port),
+            "--dtype", self.dtype,
+            "--max-model-len", str(self.max_model_len),
+            "--disable-uvicorn-access-log",
+        ]
+        if self.served_name:
+            cmd += ["--served-model-name", self.served_name]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        if self.max_num_seqs:
+            cmd += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.speculative:
+            cmd += ["--speculative-config", json.dumps(self.speculative)]
+        return cmd + list(self.extra_args)
+
+
+class VLLMServer:
+    """A vLLM CPU server in a child process group; a context manager that stops it on exit.
+
+    Raises (from :meth:`start`):
+        EngineError: the process exited or did not answer within ``timeout_s``; the message carries its log tail.
+    """
+
+    def __init__(self, spec: VLLMServerSpec, log_path: Path) -> None:
+        self.spec = spec
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def start(self, timeout_s: float = 900.0, progress_every_s: float = 10.0) -> VLLMServer:
+        """Start the server and block until ``/v1/models`` answers (logging every ``progress_every_s``)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = self.spec.command()
+        log.info("starting vLLM: %s", " ".join(cmd[1:]))
+        logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, env=cpu_env(kv_cache_gib=self.spec.kv_cache_gib),
+            start_new_session=True,
+        )
+        logf.close()
+        t0 = time.time()
+        next_note = t0 + progress_every_s
+        while True:
+            if self.proc.poll() is not None:
+                raise EngineError(
+                    f"vLLM exited with code {self.proc.returncode} while starting; log tail:\n{self.log_tail()}",
+                    f"see {self.log_path}",
+                )
+            if wait_ready(self.url, timeout_s=0.0):
+                log.info("vLLM ready at %s after %.0f s", self.url, time.time() - t0)
+                return self
+            if time.time() - t0 > timeout_s:
+                tail = self.log_tail()
+                self.stop()
+                raise EngineError(
+                    f"vLLM did not answer at {self.url} within {timeout_s:.0f} s; log tail:\n{tail}",
+                    f"see {self.log_path}",
+                )
+            if time.time() >= next_note:
+                log.info("waiting for vLLM (%.0f s): %s", time.time() - t0, self.last_log_line())
+                next_note += progress_every_s
+            time.sleep(1.0)
+
+    def log_tail(self, lines: int = 25) -> str:
+        """Last ``lines`` lines of the server log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def last_log_line(self) -> str:
+        tail = self.log_tail(1).strip()
+        return tail[-160:]
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGINT the process group, then SIGTERM, then SIGKILL."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> VLLMServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def wait_ready(url: str, timeout_s: float = 0.0, api_key: str | None = None) -> bool:
+    """True once ``GET {url}/v1/models`` answers 200; polls for up to ``timeout_s`` seconds."""
+    deadline = time.time() + timeout_s
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    while True:
+        try:
+            if httpx.get(f"{url.rstrip('/')}/v1/models", timeout=2.0, headers=headers).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> list[str]:
+    """Model names the server serves (``GET /v1/models``).
+
+    Raises:
+        TargetUnavailable: nothing answers at ``url``.
+    """
+    from draftsmith.errors import TargetUnavailable
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=timeout_s, headers=headers)
+        r.raise_for_status()
+        return [m["id"] for m in r.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        raise TargetUnavailable(
+            f"the target server at {url} does not answer ({type(e).__name__}: {e})",
+            "start it (`draftsmith target serve`, or `make up` on the GPU host) or pass the right --url",
+        ) from e
+
+
+def resolve_model(url: str, wanted: str | None, api_key: str | None = None) -> str:
+    """The served model name to use: ``wanted`` if served, else the only one served.
+
+    Raises:
+        TargetUnavailable: the server does not answer.
+        ModelNotServed: ``wanted`` is not served (the message lists what is), or several are and none was named.
+    """
+    from draftsmith.errors import ModelNotServed
+
+    names = served_models(url, api_key)
+    if wanted:
+        if wanted in names:
+            return wanted
+        raise ModelNotServed(
+            f"the server at {url} does not serve model {wanted!r}; it serves: {', '.join(names) or 'nothing'}",
+            "pass one of those names as --model (target.model)",
+        )
+    if len(names) == 1:
+        return names[0]
+    raise ModelNotServed(
+        f"the server at {url} serves {len(names)} models ({', '.join(names)})", "name one with --model"
+    )

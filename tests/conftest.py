@@ -1,0 +1,83 @@
+"""Fixtures shared by every test: a private Redis database, the embedded target, one shared vLLM CPU server.
+
+- Redis: tests use the server at ``DRAFTSMITH_TEST_REDIS`` (default ``redis://127.0.0.1:6379``) in a database of
+  their own (db 13 by default, ``DRAFTSMITH_TEST_REDIS_DB``), flushed around each test that asks for it; no other
+  database is ever touched.
+- vLLM: one CPU server for the whole test session (it takes one to three minutes to start), started on first use.
+  ``DRAFTSMITH_TEST_VLLM_URL`` points the tests at a server already running instead (handy while developing).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+def pytest_collection_modifyitems(config, items):
+    # e2e tests need the real server and are slow by nature
+    for item in items:
+        if "e2e" in item.keywords and "slow" not in item.keywords:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def redis_base_url() -> str:
+    base = os.environ.get("DRAFTSMITH_TEST_REDIS", "redis://127.0.0.1:6379")
+    db = int(os.environ.get("DRAFTSMITH_TEST_REDIS_DB", "13"))
+    url = f"{base.rstrip('/')}/{db}"
+    client = redis_lib.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis_lib.ConnectionError as e:  # pragma: no cover - environment problem, not a test result
+        pytest.exit(f"tests need Redis at {base} ({e}); start it: redis-server --daemonize yes", returncode=2)
+    return url
+
+
+@pytest.fixture
+def redis_url(redis_base_url: str):
+    """URL of the tests' private Redis database, flushed before and after the test."""
+    client = redis_lib.Redis.from_url(redis_base_url)
+    client.flushdb()
+    yield redis_base_url
+    client.flushdb()
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    """The draftsmith cache (prepared checkpoints); the user's default so tests reuse one prepared target."""
+    return Path(os.environ.get("DRAFTSMITH_TEST_CACHE", Path.home() / ".cache" / "draftsmith"))
+
+
+@pytest.fixture(scope="session")
+def embedded_target(cache_dir: Path) -> Path:
+    """Folder of the prepared SmolLM2-135M-Instruct checkpoint (prepared on first use, about 30 s)."""
+    from draftsmith.target.embedded import prepare_embedded
+
+    return prepare_embedded(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(embedded_target: Path, tmp_path_factory) -> str:
+    """Base URL of the one vLLM CPU server shared by all end-to-end tests of a run (no drafter)."""
+    url = os.environ.get("DRAFTSMITH_TEST_VLLM_URL")
+    if url:
+        yield url.rstrip("/")
+        return
+    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
+
+    spec = VLLMServerSpec(
+        model=embedded_target, served_name=EMBEDDED_NAME, port=free_port(), max_model_len=4096, kv_cache_gib=2
+    )
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    server = VLLMServer(spec, log).start(timeout_s=900)
+    try:
+        yield server.url
+    finally:
+        server.stop()
