@@ -80,12 +80,51 @@ class DataConfig(Section):
     """Training samples built from records (issue 3)."""
 
     max_length: int = Field(2048, ge=16, description="Longest training sample, in tokens.")
+    too_long: Literal["truncate", "drop"] = Field(
+        "truncate", description="Policy for samples longer than max_length (both counted in stats.json)."
+    )
+    truncated_answers: Literal["keep", "drop"] = Field(
+        "keep", description="Policy for turns cut by finish_reason=length (kept turns supervise no end-of-turn)."
+    )
+    tokenizer: str | None = Field(
+        None, description="Tokenizer folder; None = target.path, else the embedded target checkpoint."
+    )
+    chat_template: str | None = Field(
+        None, description="Jinja file replacing the tokenizer's chat template (None = the tokenizer's own)."
+    )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra chat-template variables (e.g. enable_thinking); default per turn."
+    )
+    check_model: bool = Field(True, description="Fail when a record's model differs from the tokenizer's model.")
+    max_mismatch_rate: float = Field(
+        0.0, ge=0.0, le=1.0, description="Fail when more than this fraction of checked turns is not token-exact."
+    )
+    max_drop_rate: float = Field(
+        0.1, ge=0.0, le=1.0, description="Fail when more than this fraction of records is dropped (any reason)."
+    )
+    require_reasoning: bool = Field(False, description="Drop turns with empty reasoning (for reasoning targets).")
+    draft_vocab_size: int = Field(
+        8192, ge=1, description="Draft vocabulary size N (top-N supervised tokens); see docs/data.md."
+    )
+    shard_samples: int = Field(1024, ge=1, description="Samples per samples-XXXXX.safetensors shard.")
 
 
 class ExtractConfig(Section):
     """Hidden-state extraction (issue 4)."""
 
     backend: Literal["hf", "vllm"] = Field("hf", description="Extraction backend.")
+    layers: list[int] | None = Field(
+        None, description="Aux layer ids (output of decoder layer i); None = EAGLE-3 default (1, L//2-1, L-4)."
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Dtype of stored features.")
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype the target runs in (float32 on CPUs without native bf16)."
+    )
+    device: str = Field("cpu", description="Torch device of the hf backend (cpu, cuda, cuda:1, ...).")
+    batch_tokens: int = Field(4096, ge=16, description="Most padded tokens per forward pass (batched by length).")
+    job_timeout_s: int = Field(6 * 3600, ge=10, description="rq timeout of one extraction job, in seconds.")
+    disk_margin: float = Field(1.1, ge=1.0, description="Required free disk = estimated feature bytes x this.")
+    vllm_port: int = Field(0, ge=0, le=65535, description="Port of the vllm backend's own server (0 = a free one).")
 
 
 class TrainConfig(Section):
@@ -99,6 +138,24 @@ class EvalConfig(Section):
 
     engine: Literal["vllm", "sglang", "both"] = Field("vllm", description="Engine(s) to measure in.")
     k: int = Field(3, ge=1, description="Speculative tokens per step (chain drafting).")
+    sets: list[str] = Field(
+        default_factory=lambda: ["mt_bench", "gsm8k", "humaneval", "alpaca"],
+        description="Eval sets: bundled names (mt_bench, gsm8k, humaneval, alpaca) or JSONL paths (EAGLE layout).",
+    )
+    sets_dir: Path | None = Field(None, description="Folder of the bundled eval sets; None = the repo's data/eval.")
+    limit: int | None = Field(None, ge=1, description="Questions per set (None = all 80); small for CPU smoke runs.")
+    concurrency: int = Field(4, ge=1, description="Prompts in flight at once during the measurement.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of the eval requests (0 = greedy).")
+    max_tokens: int = Field(256, ge=1, description="Most new tokens per assistant turn.")
+    baseline: bool = Field(True, description="Also run the prompts without the drafter to measure the speedup.")
+    drafter: Path | None = Field(None, description="Drafter folder (EAGLE layout); None = runs/<run>/export/eagle3.")
+    url: str | None = Field(None, description="Engine URL with the drafter already loaded; None = start one.")
+    baseline_url: str | None = Field(None, description="Engine URL without drafter for the baseline; None = start one.")
+    sglang_url: str | None = Field(None, description="SGLang URL (with the drafter) when engine is sglang or both.")
+    out: Path | None = Field(None, description="Report folder; None = runs/<run>/eval.")
+    pushgateway_url: str | None = Field(None, description="Push the eval gauges to this Pushgateway (None = only "
+                                        "the textfile runs/<run>/eval/metrics.prom).")
+    request_timeout_s: float = Field(600.0, gt=0, description="Client timeout of one eval request, in seconds.")
 
 
 class MetricsConfig(Section):

@@ -83,3 +83,59 @@ def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=registry)
     else:
         start_http_server(port, addr=addr)
+
+# ---- extraction (issue 4) ----
+EXTRACT_SAMPLES = Counter(f"{NS}_extract_samples", "Samples whose features were written.", ["run"])
+EXTRACT_TOKENS = Counter(f"{NS}_extract_tokens", "Tokens whose features were written.", ["run"])
+EXTRACT_BYTES = Counter(f"{NS}_extract_bytes_written", "Bytes of feature shards written.", ["run"])
+EXTRACT_SKIPPED = Counter(
+    f"{NS}_extract_skipped_samples", "Samples left out of the features, by reason (nonfinite).", ["run", "reason"]
+)
+EXTRACT_SHARD_SECONDS = Histogram(
+    f"{NS}_extract_shard_seconds", "Compute time of one feature shard, in seconds.", ["run"],
+    buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+EXTRACT_SHARDS_DONE = Gauge(
+    f"{NS}_extract_shards_done", "Feature shards complete on disk.", ["run"], multiprocess_mode="mostrecent"
+)
+EXTRACT_SHARDS_TOTAL = Gauge(
+    f"{NS}_extract_shards_total", "Feature shards of the run (= data shards).", ["run"], multiprocess_mode="mostrecent"
+)
+EXTRACT_TOKENS_PER_S = Gauge(
+    f"{NS}_extract_tokens_per_second", "Extraction tokens/s of the last finished shard (one worker).", ["run"],
+    multiprocess_mode="mostrecent",
+)
+EXTRACT_FREE_DISK = Gauge(
+    f"{NS}_extract_free_disk_bytes", "Free bytes on the features folder's file system.", ["run"],
+    multiprocess_mode="mostrecent",
+)
+
+# ---- evaluation (issue 6) ----
+# Set when a report is written (draftsmith.evaluation.report.publish). They live in their own registry so the
+# report can also write exactly them to runs/<run>/eval/metrics.prom (node-exporter textfile collector) or push
+# them to a Pushgateway; they are registered in the default registry too, so an in-process /metrics shows them.
+EVAL_REGISTRY = CollectorRegistry()
+EVAL_ACCEPTANCE_RATE = Gauge(
+    f"{NS}_eval_acceptance_rate", "Accepted draft tokens / proposed draft tokens (0..1), per set and engine.",
+    ["run", "engine", "set"], registry=EVAL_REGISTRY, multiprocess_mode="mostrecent",
+)
+EVAL_ACCEPTANCE_LENGTH = Gauge(
+    f"{NS}_eval_mean_acceptance_length", "Tokens emitted per verify step, bonus token counted (1..K+1).",
+    ["run", "engine", "set"], registry=EVAL_REGISTRY, multiprocess_mode="mostrecent",
+)
+EVAL_ACCEPTANCE_POSITION = Gauge(
+    f"{NS}_eval_acceptance_per_position", "Verify steps that accepted the draft token at this position / steps.",
+    ["run", "engine", "set", "position"], registry=EVAL_REGISTRY, multiprocess_mode="mostrecent",
+)
+EVAL_OUTPUT_TPS = Gauge(
+    f"{NS}_eval_output_tokens_per_second", "Output tokens/s with the drafter during the eval.",
+    ["run", "engine", "set"], registry=EVAL_REGISTRY, multiprocess_mode="mostrecent",
+)
+EVAL_SPEEDUP = Gauge(
+    f"{NS}_eval_speedup", "Output tokens/s with the drafter / without it, same prompts and settings.",
+    ["run", "engine", "set"], registry=EVAL_REGISTRY, multiprocess_mode="mostrecent",
+)
+from prometheus_client import REGISTRY as _DEFAULT_REGISTRY  # noqa: E402
+
+for _c in (EVAL_ACCEPTANCE_RATE, EVAL_ACCEPTANCE_LENGTH, EVAL_ACCEPTANCE_POSITION, EVAL_OUTPUT_TPS, EVAL_SPEEDUP):
+    _DEFAULT_REGISTRY.register(_c)

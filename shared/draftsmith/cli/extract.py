@@ -1,0 +1,67 @@
+"""``draftsmith extract``: the target's hidden states as training features (enqueue rq jobs, or run in-process)."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from draftsmith.cli import app, settings
+
+
+@app.command("extract")
+def extract_cmd(
+    run: str = typer.Option(..., "--run", help="Run name (reads runs/<run>/data, writes runs/<run>/features)."),
+    backend: str | None = typer.Option(None, "--backend", help="hf (transformers) or vllm (extract.backend)."),
+    layers: str | None = typer.Option(
+        None, "--layers", help="Aux layer ids a,b,c = outputs of decoder layers (default 1,L//2-1,L-4)."
+    ),
+    sync: bool = typer.Option(False, "--sync", help="Run the jobs in this process, without Redis."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Stored dtype: bfloat16, float16 or float32."),
+) -> None:
+    """Extract aux and final hidden states of every data shard (resumes: finished shards are skipped)."""
+    from draftsmith.features.plan import check_disk, make_plan
+    from draftsmith.features.store import check_compatible, read_sidecar, write_status
+    from draftsmith.log import get_logger
+    from draftsmith.paths import RunPaths
+
+    log = get_logger("draftsmith.extract")
+    layer_list = [int(x) for x in layers.split(",")] if layers else None
+    if layers:
+        from draftsmith.features.layers import parse_layer_ids
+
+        parse_layer_ids(layers, 10**6)  # shape check only; range is checked against the target below
+    s = settings(run=run, extract={"backend": backend, "layers": layer_list, "dtype": dtype})
+    paths = RunPaths(s.runs_dir, s.run)
+    plan = make_plan(s, paths.root)
+    check_compatible(plan)
+    pending = [i for i in range(len(plan.shards)) if read_sidecar(plan.features_dir, i) is None]
+    need, free = check_disk(plan, pending, s.extract.disk_margin)
+    log.info(
+        "extract %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done), "
+        "about %.2f GB to write, %.2f GB free",
+        run, plan.backend, plan.layer_ids, [i + 1 for i in plan.layer_ids], len(pending), len(plan.shards),
+        len(plan.shards) - len(pending), need / 1e9, free / 1e9,
+    )
+    paths.ensure(paths.features, paths.status)
+    write_status(plan, paths.status, started_at=time.time())
+    if not pending:
+        typer.echo(f"nothing to do: all {len(plan.shards)} feature shards of {run} exist")
+        return
+    if sync:
+        from draftsmith.features.jobs import extract_shard, get_extractor
+
+        extractor = get_extractor(plan, s)
+        for i in pending:
+            extract_shard(plan, i, extractor, paths.status)
+        snap = write_status(plan, paths.status)
+        typer.echo(
+            f"extracted {snap['shards_done']}/{snap['shards_total']} shards, {snap['samples_done']} samples, "
+            f"{snap['tokens_done']} tokens, {snap['bytes_written'] / 1e6:.1f} MB, skipped {snap['skipped_samples']}"
+        )
+        return
+    from draftsmith.features.queue import enqueue_shards
+
+    ids = enqueue_shards(s, str(paths.root), pending)
+    typer.echo(f"enqueued {len(ids)} extraction jobs on {s.redis.prefix}:extract; run `draftsmith worker "
+               f"--queues extract` to process them")

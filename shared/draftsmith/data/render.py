@@ -1,0 +1,245 @@
+"""Rendering records with the target tokenizer's own chat template, and finding the target-generated spans.
+
+Rule (docs/data.md): for assistant turn k at message index a_k,
+
+- ``P_k`` = template(messages[:a_k], add_generation_prompt=True): the prompt the server tokenized;
+- ``F_k`` = template(messages[:a_k + 1]): the same conversation with turn k rendered as the last message;
+- the turn's tokens are ``F_k[len(P_k):]``; the generated span ends at the last end-of-turn token in it (the
+  template's trailing tokens after it, e.g. ChatML's ``\\n``, are context, not generated). A turn cut by
+  ``finish_reason == "length"`` never generated its end-of-turn token, so the span stops before it.
+
+Texts are tokenized the way vLLM does it: render to text, then ``tokenizer(text, add_special_tokens=False)``.
+Turns are merged into one sample while each next prompt extends the previous sequence token for token; templates
+that drop earlier reasoning from the history (Qwen3, DeepSeek, Kimi-K2, gpt-oss) break that, and the next turn then
+starts a new sample, so every sample is a sequence the target really saw. The prefix-diff idea follows SpecForge's
+and TRL's assistant-mask builders; the code is draftsmith's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftsmith.errors import DataError
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+PROBE = "draftsmith-probe-reasoning-7f3a"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+class SampleSkip(Exception):
+    """A record that cannot become a sample; ``reason`` is counted in stats.json, ``detail`` is logged."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+@dataclass
+class TurnSpan:
+    """Where assistant turn ``turn`` of a record lies in a sample.
+
+    Attributes:
+        turn: index of the assistant turn in the record (0-based, same order as ``record["turns"]``).
+        start, end: token positions ``[start, end)`` of the generated span in the sample's ``input_ids``.
+        expected: the ids the server reported it generated (``turns[turn].token_ids``), or None.
+    """
+
+    turn: int
+    start: int
+    end: int
+    expected: list[int] | None = None
+
+
+@dataclass
+class Sample:
+    """One training sequence: ``input_ids`` ``[T]`` and ``loss_mask`` ``[T]`` (1 = target-generated token)."""
+
+    record_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    spans: list[TurnSpan] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+
+
+def load_tokenizer(path: str | Path, chat_template: str | Path | None = None):
+    """Load the target tokenizer from a local folder, optionally replacing its chat template.
+
+    Args:
+        path: checkpoint or tokenizer folder (``tokenizer.json`` / ``tokenizer_config.json``).
+        chat_template: a Jinja file that overrides the folder's template (for templates that drop reasoning).
+
+    Raises:
+        DataError: the folder is missing, or the tokenizer has no chat template.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"tokenizer folder {path} does not exist", "set data.tokenizer or target.path")
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if chat_template is not None:
+        tok.chat_template = Path(chat_template).read_text()
+    if not getattr(tok, "chat_template", None):
+        raise DataError(
+            f"the tokenizer at {path} has no chat template",
+            "use the target's own checkpoint folder, or pass a template file with data.chat_template",
+        )
+    return tok
+
+
+def tokenizer_sha256(tok, path: str | Path) -> str:
+    """sha256 of ``tokenizer.json`` (when present) and the chat template in use: what rendering depends on."""
+    h = hashlib.sha256()
+    tj = Path(path) / "tokenizer.json"
+    if tj.is_file():
+        h.update(tj.read_bytes())
+    h.update((tok.chat_template or "").encode())
+    return h.hexdigest()
+
+
+def end_of_turn_ids(tok, path: str | Path | None = None) -> set[int]:
+    """Token ids that end a generated turn: the tokenizer's eos plus ``generation_config.json``'s eos ids."""
+    import json
+
+    ids: set[int] = set()
+    if tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    gc = Path(path) / "generation_config.json" if path is not None else None
+    if gc is not None and gc.is_file():
+        eos = json.loads(gc.read_text()).get("eos_token_id")
+        ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
+    return ids
+
+
+class ChatRenderer:
+    """Turns records into :class:`Sample` objects with the tokenizer's own chat template.
+
+    Args:
+        tok: a transformers tokenizer with a chat template.
+        eot_ids: end-of-turn token ids (see :func:`end_of_turn_ids`).
+        template_kwargs: extra template variables (``enable_thinking``...); when absent, ``enable_thinking`` and
+            ``thinking`` are set per turn to whether that turn has reasoning.
+
+    Attributes:
+        reasoning_mode: how reasoning reaches the template, found by probing it once: ``field`` (the template reads
+            ``reasoning_content`` / ``reasoning`` / ``thinking``), ``markers`` (``<think>``...``</think>`` in the
+            content, which the template parses) or ``none`` (records with reasoning are skipped as
+            ``template_drops_reasoning``).
+    """
+
+    def __init__(self, tok, eot_ids: set[int], template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tok = tok
+        self.eot_ids = set(eot_ids)
+        self.template_kwargs = dict(template_kwargs or {})
+        self.reasoning_mode = self._probe()
+        log.info("chat template reasoning mode: %s; end-of-turn ids %s", self.reasoning_mode, sorted(self.eot_ids))
+
+    # ---- template access -------------------------------------------------------------------------------------
+    def _render(self, messages: list[dict[str, Any]], gen_prompt: bool, thinking: bool) -> str:
+        kw = dict(self.template_kwargs)
+        kw.setdefault("enable_thinking", thinking)
+        kw.setdefault("thinking", thinking)
+        try:
+            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen_prompt, **kw)
+        except Exception as e:  # jinja raise_exception or a template bug: the record is skipped and counted
+            raise SampleSkip("template_error", str(e)[:200]) from e
+
+    def _message(self, m: dict[str, Any], mode: str) -> dict[str, Any]:
+        out = {"role": m["role"], "content": m.get("content") or ""}
+        r = m.get("reasoning") or m.get("reasoning_content")
+        if m["role"] == "assistant" and r:
+            if mode == "field":
+                out.update(reasoning_content=r, reasoning=r, thinking=r)
+            elif mode == "markers":
+                out["content"] = f"{THINK_OPEN}\n{r}\n{THINK_CLOSE}\n\n{out['content']}"
+        return out
+
+    def _probe(self) -> str:
+        msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning": PROBE}]
+        vocab = self.tok.get_vocab()
+        modes = ["field"] + (["markers"] if THINK_OPEN in vocab and THINK_CLOSE in vocab else [])
+        for mode in modes:
+            try:
+                text = self._render([self._message(m, mode) for m in msgs], False, True)
+            except SampleSkip:
+                continue
+            if PROBE in text:
+                return mode
+        return "none"
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of rendered texts, as vLLM tokenizes a chat prompt (no extra special tokens)."""
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
+
+    # ---- one record --------------------------------------------------------------------------------------------
+    def texts(self, rec: dict[str, Any]) -> list[tuple[str, str]]:
+        """``[(P_k, F_k)]`` texts for every assistant turn k of a record (see the module docstring).
+
+        Raises:
+            SampleSkip: ``template_drops_reasoning`` (a turn's reasoning is not in the rendering) or
+                ``template_error``.
+        """
+        msgs = rec["messages"]
+        out = []
+        for k, a in enumerate(i for i, m in enumerate(msgs) if m["role"] == "assistant"):
+            r = msgs[a].get("reasoning") or msgs[a].get("reasoning_content")
+            if r and self.reasoning_mode == "none":
+                raise SampleSkip("template_drops_reasoning", f"turn {k}: the chat template has no place for it")
+            conv = [self._message(m, self.reasoning_mode) for m in msgs[: a + 1]]
+            p = self._render(conv[:a], True, bool(r))
+            f = self._render(conv, False, bool(r))
+            if r and r.strip() not in f:
+                raise SampleSkip("template_drops_reasoning", f"turn {k}: reasoning missing from the rendering")
+            out.append((p, f))
+        return out
+
+    def assemble(self, rec: dict[str, Any], ids: list[tuple[list[int], list[int]]]) -> list[Sample]:
+        """Build the samples of a record from the token ids of its ``(P_k, F_k)`` texts.
+
+        Returns:
+            One sample per run of prefix-consistent turns (usually one per record).
+
+        Raises:
+            SampleSkip: ``template_not_prefix_stable`` when ``F_k`` does not start with ``P_k`` token for token.
+        """
+        samples: list[Sample] = []
+        cur: Sample | None = None
+        for k, (p, f) in enumerate(ids):
+            turn = rec["turns"][k]
+            if f[: len(p)] != p:
+                raise SampleSkip("template_not_prefix_stable", f"turn {k}: rendering with the turn does not extend "
+                                 "the generation prompt")
+            tail = f[len(p):]                                   # [n_turn] tokens of turn k incl. template tail
+            eots = [j for j, t in enumerate(tail) if t in self.eot_ids]
+            end = eots[-1] + 1 if eots else len(tail)           # generated span: tail[:end]
+            if turn.get("finish_reason") == "length" and eots:
+                end -= 1                                        # the end-of-turn token was never generated
+            if cur is None or p[: len(cur.input_ids)] != cur.input_ids:
+                if cur is not None:
+                    samples.append(cur)
+                cur = Sample(rec["id"], [], [])
+            new_ctx = p[len(cur.input_ids):]
+            start = len(p)
+            cur.input_ids += new_ctx + tail
+            cur.loss_mask += [0] * len(new_ctx) + [1] * end + [0] * (len(tail) - end)
+            cur.spans.append(TurnSpan(k, start, start + end, turn.get("token_ids")))
+            msg_r = [m for m in rec["messages"] if m["role"] == "assistant"][k]
+            if (turn.get("reasoning_field") or self.reasoning_mode != "none") and not (
+                msg_r.get("reasoning") or msg_r.get("reasoning_content")
+            ):
+                cur.flags.append("empty_reasoning")
+        if cur is not None:
+            samples.append(cur)
+        return samples
+
+    def render(self, rec: dict[str, Any]) -> list[Sample]:
+        """Texts, token ids and samples of one record (see :meth:`texts` and :meth:`assemble`)."""
+        pairs = self.texts(rec)
+        flat = self.encode([t for pf in pairs for t in pf])
+        return self.assemble(rec, [(flat[2 * i], flat[2 * i + 1]) for i in range(len(pairs))])

@@ -1,0 +1,163 @@
+"""The drafter's shape, derived from the target's ``config.json`` (copied, never guessed).
+
+Layer-id convention (pinned here, used everywhere): an aux layer id ``k`` names the residual stream after ``k``
+decoder layers, i.e. transformers' ``output_hidden_states[k]`` and exactly the tensor vLLM captures for
+``eagle_aux_hidden_state_layer_ids`` (``vllm/model_executor/models/interfaces.py``: ``_maybe_add_hidden_state``
+is called with ``idx + 1`` after decoder layer ``idx``). Default ids for a target with ``L`` layers:
+``(1, L // 2 - 1, L - 4)`` (SpecForge / vLLM speculators), ``(1, 14, 26)`` for SmolLM2's 30 layers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftsmith.errors import ModelError
+
+# Fields an engine reads from the drafter's config; every one is copied from the target.
+COPIED_FIELDS = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "rms_norm_eps", "max_position_embeddings", "hidden_act", "vocab_size", "attention_bias", "mlp_bias",
+)
+
+
+def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """Aux layer ids ``(1, L//2 - 1, L - 4)`` in the convention of this module's docstring."""
+    return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def hf_hidden_index(layer_id: int) -> int:
+    """Index into transformers' ``output_hidden_states`` that holds aux layer ``layer_id`` (identity, documented)."""
+    return layer_id
+
+
+@dataclass
+class DraftConfig:
+    """Shape of an EAGLE-3 drafter.
+
+    Attributes mirror the Llama config fields of the same name. ``target_hidden_size`` is the width of each aux
+    feature (``fc`` maps ``len(layer_ids) * target_hidden_size -> hidden_size``). ``rope_parameters`` is the
+    target's dict (``rope_theta``, ``rope_type`` and scaling keys), copied whole.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    vocab_size: int
+    draft_vocab_size: int
+    rope_parameters: dict[str, Any]
+    target_hidden_size: int
+    target_num_layers: int
+    layer_ids: list[int]
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    num_layers: int = 1
+    norm_before_residual: bool = False
+    target_model_type: str = "llama"
+    target_architectures: list[str] = field(default_factory=lambda: ["LlamaForCausalLM"])
+    target_name: str = ""
+
+    def llama_config(self):
+        """A transformers ``LlamaConfig`` with the same shape (for rotary embeddings, MLP and norms)."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings, vocab_size=self.vocab_size,
+            rope_parameters=dict(self.rope_parameters), hidden_act=self.hidden_act,
+            attention_bias=self.attention_bias, mlp_bias=self.mlp_bias, num_hidden_layers=self.num_layers,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DraftConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ModelError (a checkpoint from another version)."""
+        known = set(cls.__dataclass_fields__)
+        extra = set(d) - known
+        if extra:
+            raise ModelError(f"drafter config has unknown keys {sorted(extra)}", "it was written by another tool")
+        return cls(**d)
+
+
+def read_target_config(target_path: Path | str) -> dict[str, Any]:
+    """The target's ``config.json`` as a dict.
+
+    Raises:
+        ModelError: no ``config.json`` in the folder.
+    """
+    path = Path(target_path) / "config.json"
+    if not path.is_file():
+        raise ModelError(f"{path} does not exist", "point target.path at a Hugging Face checkpoint folder")
+    return json.loads(path.read_text())
+
+
+def derive_config(
+    target_path: Path | str,
+    draft_vocab_size: int,
+    layer_ids: list[int] | tuple[int, ...] | None = None,
+    num_layers: int = 1,
+    norm_before_residual: bool = False,
+) -> DraftConfig:
+    """Drafter config copied from the target's ``config.json``.
+
+    Args:
+        target_path: target checkpoint folder.
+        draft_vocab_size: N, the size of the draft vocabulary (``d2t`` length).
+        layer_ids: aux layer ids (module convention); None = :func:`default_layer_ids`.
+        num_layers: decoder layers of the drafter (1 for EAGLE-3).
+        norm_before_residual: residual carries the normed feature (vLLM flag of the same name).
+
+    Raises:
+        ModelError: a missing field, a non-Llama-like target, or layer ids out of range.
+    """
+    t = read_target_config(target_path)
+    text = t.get("text_config", t)  # multimodal wrappers keep the language model under text_config
+    missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size") if k not in text]
+    if missing:
+        raise ModelError(f"target config lacks {missing}", "use a decoder-only Hugging Face checkpoint")
+    n_layers = int(text["num_hidden_layers"])
+    ids = list(layer_ids) if layer_ids else list(default_layer_ids(n_layers))
+    if any(i < 0 or i > n_layers for i in ids):
+        raise ModelError(f"aux layer ids {ids} are outside 0..{n_layers}", "pick ids of existing target layers")
+    heads = int(text["num_attention_heads"])
+    rope = text.get("rope_parameters")
+    if rope is None:  # transformers < 5 layout
+        rope = dict(text.get("rope_scaling") or {})
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope["rope_theta"] = float(text.get("rope_theta", 10000.0))
+    if not 0 < draft_vocab_size <= int(text["vocab_size"]):
+        raise ModelError(f"draft vocabulary size {draft_vocab_size} is not in 1..{text['vocab_size']}")
+    return DraftConfig(
+        hidden_size=int(text["hidden_size"]),
+        intermediate_size=int(text.get("intermediate_size", 4 * int(text["hidden_size"]))),
+        num_attention_heads=heads,
+        num_key_value_heads=int(text.get("num_key_value_heads", heads)),
+        head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(text["max_position_embeddings"]),
+        vocab_size=int(text["vocab_size"]),
+        draft_vocab_size=int(draft_vocab_size),
+        rope_parameters=dict(rope),
+        target_hidden_size=int(text["hidden_size"]),
+        target_num_layers=n_layers,
+        layer_ids=ids,
+        hidden_act=text.get("hidden_act", "silu"),
+        attention_bias=bool(text.get("attention_bias", False)),
+        mlp_bias=bool(text.get("mlp_bias", False)),
+        num_layers=num_layers,
+        norm_before_residual=norm_before_residual,
+        target_model_type=text.get("model_type", "llama"),
+        target_architectures=list(t.get("architectures") or ["LlamaForCausalLM"]),
+        target_name=Path(target_path).name,
+    )

@@ -1,0 +1,147 @@
+"""The rq job of extraction: one data shard in, one feature shard out. Jobs carry ids and paths, never tensors.
+
+``draftsmith worker --queues extract`` runs :func:`extract_job` (JSON serializer); ``draftsmith extract --sync``
+calls :func:`extract_shard` in-process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.features.hf import HFExtractor, torch_dtype
+from draftsmith.features.plan import ExtractPlan, make_plan, read_data_shard
+from draftsmith.features.store import (
+    check_compatible,
+    read_sidecar,
+    rebuild_manifest,
+    remove_stale_temps,
+    write_shard,
+    write_status,
+)
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+_EXTRACTORS: dict[tuple, Any] = {}
+
+
+def get_extractor(plan: ExtractPlan, settings) -> Any:
+    """The backend object for a plan (cached per process): anything with ``extract(seqs) -> [SampleFeatures]``.
+
+    Raises:
+        ModelError / EngineError: the backend cannot load the target.
+    """
+    x = settings.extract
+    key = (plan.backend, plan.target_dir, tuple(plan.layer_ids), x.device, plan.compute_dtype, x.batch_tokens)
+    if key not in _EXTRACTORS:
+        if plan.backend == "vllm":
+            from draftsmith.features.vllm_backend import VLLMExtractor
+
+            _EXTRACTORS[key] = VLLMExtractor.from_plan(plan, settings)
+        else:
+            log.info("loading target %s for extraction (%s, %s)", plan.target_dir, x.device, plan.compute_dtype)
+            _EXTRACTORS[key] = HFExtractor.load(
+                Path(plan.target_dir), plan.layer_ids, x.device, plan.compute_dtype, x.batch_tokens
+            )
+    return _EXTRACTORS[key]
+
+
+def finite(t: torch.Tensor) -> bool:
+    """True when every value of ``t`` is finite."""
+    return bool(torch.isfinite(t).all())
+
+
+def extract_shard(plan: ExtractPlan, index: int, extractor: Any, status_dir: Path | None = None) -> dict:
+    """Compute and store the features of data shard ``index``; skip it if already complete.
+
+    Samples whose features hold NaN or Inf (after the cast to the stored dtype) are left out, counted in the
+    sidecar's ``skipped`` and in ``draftsmith_extract_skipped_samples`` (failure mode 10, SpecForge #104).
+
+    Returns:
+        ``{"shard", "file", "status": "done"|"skipped_existing", "samples", "skipped", "tokens", "bytes",
+        "seconds"}``.
+
+    Raises:
+        DataError: the data shard disagrees with its manifest, or the store was made with other settings.
+    """
+    from draftsmith import metrics as M
+
+    run = Path(plan.run_dir).name
+    status_dir = status_dir or Path(plan.run_dir) / "status"
+    done = read_sidecar(plan.features_dir, index)
+    if done is not None:
+        log.info("shard %05d already extracted (%d samples), skipping", index, len(done["sample_ids"]))
+        return {"shard": index, "file": done["file"], "status": "skipped_existing", "samples": len(done["sample_ids"]),
+                "skipped": len(done["skipped"]), "tokens": done["tokens"], "bytes": done["bytes"], "seconds": 0.0}
+    check_compatible(plan)
+    if n := remove_stale_temps(plan.features_dir, index):
+        log.warning("removed %d temporary file(s) of shard %05d left by a killed job", n, index)
+    entry = plan.shards[index]
+    t0 = time.time()
+    seqs = read_data_shard(plan.data_dir, entry)
+    feats = extractor.extract(seqs)
+    store = torch_dtype(plan.dtype)
+    ids, aux, final, skipped = [], [], [], []
+    for sid, f in zip(entry["sample_ids"], feats, strict=True):
+        a, h = f.aux.to(store), f.final.to(store)  # [T, 3*H], [T, H]
+        if not (finite(a) and finite(h)):
+            log.warning("sample %s of shard %05d has NaN/Inf features: skipped", sid, index)
+            skipped.append({"id": sid, "reason": "nonfinite"})
+            M.EXTRACT_SKIPPED.labels(run, "nonfinite").inc()
+            continue
+        ids.append(sid)
+        aux.append(a)
+        final.append(h)
+    seconds = time.time() - t0
+    side = write_shard(plan, index, ids, aux, final, skipped, seconds)
+    manifest = rebuild_manifest(plan)
+    snap = write_status(plan, status_dir)
+    M.EXTRACT_SAMPLES.labels(run).inc(len(ids))
+    M.EXTRACT_TOKENS.labels(run).inc(side["tokens"])
+    M.EXTRACT_BYTES.labels(run).inc(side["bytes"])
+    M.EXTRACT_SHARD_SECONDS.labels(run).observe(seconds)
+    M.EXTRACT_SHARDS_DONE.labels(run).set(len(manifest["shards"]))
+    M.EXTRACT_SHARDS_TOTAL.labels(run).set(len(plan.shards))
+    M.EXTRACT_TOKENS_PER_S.labels(run).set(side["tokens"] / max(seconds, 1e-9))
+    M.EXTRACT_FREE_DISK.labels(run).set(shutil.disk_usage(plan.features_dir).free)
+    log.info(
+        "shard %05d: %d samples, %d tokens, %.1f MB in %.1f s (%.0f tok/s), skipped %d; shards %d/%d",
+        index, len(ids), side["tokens"], side["bytes"] / 1e6, seconds, side["tokens"] / max(seconds, 1e-9),
+        len(skipped), snap["shards_done"], snap["shards_total"],
+    )
+    return {"shard": index, "file": side["file"], "status": "done", "samples": len(ids), "skipped": len(skipped),
+            "tokens": side["tokens"], "bytes": side["bytes"], "seconds": round(seconds, 3)}
+
+
+def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
+    """rq entry point: extract data shard ``shard`` of the run at ``run_dir``.
+
+    Args:
+        run_dir: ``runs/<run>`` (a path; the job carries no tensors).
+        shard: data shard index.
+        settings: ``Settings.model_dump(mode="json")`` of the enqueuing command.
+
+    Returns:
+        The JSON-serialisable result of :func:`extract_shard`.
+
+    Raises:
+        ConfigError / DataError / ModelError: the inputs became invalid since enqueueing (rq records the failure).
+    """
+    from draftsmith.config import Settings
+    from draftsmith.log import setup_logging
+
+    s = Settings.model_validate(settings)
+    setup_logging(s.log_level)
+    plan = make_plan(s, Path(run_dir))
+    if not 0 <= shard < len(plan.shards):
+        from draftsmith.errors import DataError
+
+        raise DataError(f"shard {shard} does not exist: the data has {len(plan.shards)} shards", "re-enqueue")
+    if read_sidecar(plan.features_dir, shard) is not None:
+        return extract_shard(plan, shard, extractor=None)
+    return extract_shard(plan, shard, get_extractor(plan, s))

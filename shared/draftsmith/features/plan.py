@@ -1,0 +1,233 @@
+"""What an extraction run will do, validated before any model loads: inputs, layers, tokenizer, disk estimate.
+
+Built the same way by ``draftsmith extract`` (to refuse early and enqueue) and by each rq job (to stay
+consistent with what was enqueued). Reads the training data of formats.md §3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DataError, DiskSpaceError, ModelError
+from draftsmith.features.hf import target_config
+from draftsmith.features.layers import parse_layer_ids, vllm_aux_ids
+
+DATA_SCHEMA = "draftsmith.data/1"
+BYTES_PER_VALUE = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tokenizer_sha256(model_dir: Path) -> str:
+    """sha256 of the target's ``tokenizer.json`` (what the data manifest's ``tokenizer.sha256`` records).
+
+    Raises:
+        ModelError: the folder has no ``tokenizer.json``.
+    """
+    f = Path(model_dir) / "tokenizer.json"
+    if not f.is_file():
+        raise ModelError(f"the target folder {model_dir} has no tokenizer.json", "point target.path at a checkpoint")
+    return sha256_file(f)
+
+
+def target_revision(model_dir: Path) -> str:
+    """A revision string for the target: the prepared marker's GGUF hash, a hub commit, or config.json's hash."""
+    d = Path(model_dir)
+    marker = d / "draftsmith-prepared.json"
+    if marker.is_file():
+        return "gguf-sha256:" + json.loads(marker.read_text())["gguf_sha256"]
+    cfg = json.loads((d / "config.json").read_text())
+    if cfg.get("_commit_hash"):
+        return str(cfg["_commit_hash"])
+    return "config-sha256:" + sha256_file(d / "config.json")
+
+
+def load_data_manifest(data_dir: Path) -> dict:
+    """The training-data manifest (formats.md §3).
+
+    Raises:
+        DataError: missing, unreadable or of an unknown schema; the message says which command writes it.
+    """
+    f = Path(data_dir) / "manifest.json"
+    if not f.is_file():
+        raise DataError(f"no training data manifest at {f}", "run `draftsmith build-data --run RUN` first")
+    try:
+        m = json.loads(f.read_text())
+    except ValueError as e:
+        raise DataError(f"the data manifest {f} is not valid JSON: {e}", "rebuild it with `draftsmith build-data`") from e
+    if m.get("schema") != DATA_SCHEMA:
+        raise DataError(f"the data manifest {f} has schema {m.get('schema')!r}, expected {DATA_SCHEMA!r}",
+                        "rebuild the data with this version of draftsmith")
+    if not m.get("shards"):
+        raise DataError(f"the data manifest {f} lists no shards", "rebuild the data: no sample survived")
+    return m
+
+
+def read_data_shard(data_dir: Path, entry: dict) -> list[torch.Tensor]:
+    """Token ids of every sample of one data shard, ``[T_s]`` int64 each, in the shard's order.
+
+    Raises:
+        DataError: the file is missing or disagrees with its manifest entry (sample count, lengths).
+    """
+    from safetensors.torch import load_file
+
+    f = Path(data_dir) / entry["file"]
+    if not f.is_file():
+        raise DataError(f"data shard {f} listed in the manifest is missing", "rebuild the data")
+    t = load_file(str(f))
+    ids, off = t["input_ids"].long(), t["offsets"].long()  # [T_total], [S+1]
+    seqs = [ids[off[s] : off[s + 1]] for s in range(off.numel() - 1)]
+    lengths = [int(x.numel()) for x in seqs]
+    if lengths != list(entry["lengths"]) or len(seqs) != len(entry["sample_ids"]):
+        raise DataError(f"data shard {f} does not match its manifest entry (lengths or sample count)",
+                        "rebuild the data")
+    return seqs
+
+
+@dataclass
+class ExtractPlan:
+    """Resolved inputs of one extraction run (JSON-serialisable; jobs rebuild it from the settings).
+
+    Attributes:
+        run_dir: ``runs/<run>``.
+        target_dir: target checkpoint folder.
+        layer_ids: aux layer ids, output of decoder layer i (:mod:`draftsmith.features.layers`).
+        hidden_size: H of the target; num_layers: its decoder layers.
+        dtype: stored dtype; compute_dtype: dtype of the forward pass.
+        shards: the data manifest's shard entries (index = feature shard index).
+    """
+
+    run_dir: str
+    target_dir: str
+    target_model: str
+    target_revision: str
+    tokenizer_sha256: str
+    data_manifest_sha256: str
+    layer_ids: list[int]
+    hidden_size: int
+    num_layers: int
+    dtype: str
+    compute_dtype: str
+    backend: str
+    shards: list[dict] = field(default_factory=list)
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.run_dir) / "data"
+
+    @property
+    def features_dir(self) -> Path:
+        return Path(self.run_dir) / "features"
+
+    def manifest_header(self) -> dict:
+        """The run-level fields of ``features/manifest.json`` (formats.md §4, plus ``vllm_aux_layer_ids``)."""
+        return {
+            "schema": "draftsmith.features/1",
+            "target_model": self.target_model,
+            "target_revision": self.target_revision,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "layer_ids": list(self.layer_ids),
+            "layer_convention": "output of decoder layer i (transformers hidden_states[i+1])",
+            "vllm_aux_layer_ids": vllm_aux_ids(self.layer_ids),
+            "hidden_size": self.hidden_size,
+            "dtype": self.dtype,
+            "final_hidden": "post_norm",
+            "backend": self.backend,
+            "data_manifest_sha256": self.data_manifest_sha256,
+            "shards_total": len(self.shards),
+        }
+
+    def bytes_per_token(self) -> int:
+        """Stored bytes per token: ``(aux layers + 1) * H * bytes per value`` (eagle3.md storage arithmetic)."""
+        return (len(self.layer_ids) + 1) * self.hidden_size * BYTES_PER_VALUE[self.dtype]
+
+    def estimate_bytes(self, shard_indices: list[int] | None = None) -> int:
+        """Estimated feature bytes of the given shards (all by default); headers and offsets are negligible."""
+        idx = range(len(self.shards)) if shard_indices is None else shard_indices
+        return sum(sum(self.shards[i]["lengths"]) for i in idx) * self.bytes_per_token()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_plan(settings, run_dir: Path) -> ExtractPlan:
+    """Validate inputs and resolve the plan; touches no model weights and writes nothing.
+
+    Args:
+        settings: :class:`draftsmith.config.Settings`.
+        run_dir: ``runs/<run>``.
+
+    Raises:
+        DataError: missing or malformed data manifest; ModelError: unreadable target;
+        ConfigError: layer ids out of range; DataError: the target's tokenizer differs from the data's.
+    """
+    from draftsmith.target.embedded import EMBEDDED_NAME, embedded_dir
+
+    run_dir = Path(run_dir)
+    data_dir = run_dir / "data"
+    manifest = load_data_manifest(data_dir)
+    target_dir = Path(settings.target.path) if settings.target.path else embedded_dir(settings.target.cache_dir)
+    cfg = target_config(target_dir)
+    num_layers = int(cfg["num_hidden_layers"])
+    layer_ids = parse_layer_ids(settings.extract.layers, num_layers)
+    tok_sha = tokenizer_sha256(target_dir)
+    data_tok = (manifest.get("tokenizer") or {}).get("sha256")
+    if data_tok != tok_sha:
+        raise DataError(
+            f"the target's tokenizer ({target_dir}/tokenizer.json, sha256 {tok_sha[:12]}) differs from the one the "
+            f"data was built with (sha256 {str(data_tok)[:12]}, {manifest.get('tokenizer', {}).get('path')})",
+            "extract with the target the data was built for (target.path), or rebuild the data",
+        )
+    return ExtractPlan(
+        run_dir=str(run_dir),
+        target_dir=str(target_dir),
+        target_model=manifest.get("target_model") or (settings.target.model or target_dir.name or EMBEDDED_NAME),
+        target_revision=target_revision(target_dir),
+        tokenizer_sha256=tok_sha,
+        data_manifest_sha256=sha256_file(data_dir / "manifest.json"),
+        layer_ids=list(layer_ids),
+        hidden_size=int(cfg["hidden_size"]),
+        num_layers=num_layers,
+        dtype=settings.extract.dtype,
+        compute_dtype=settings.extract.compute_dtype,
+        backend=settings.extract.backend,
+        shards=list(manifest["shards"]),
+    )
+
+
+def check_disk(plan: ExtractPlan, pending: list[int], margin: float = 1.1) -> tuple[int, int]:
+    """Refuse when the disk cannot hold the pending shards' features.
+
+    Returns:
+        ``(estimated_bytes, free_bytes)``.
+
+    Raises:
+        DiskSpaceError: ``estimate * margin`` exceeds the free space of the features folder's file system; the
+        message suggests streaming (features computed on the fly by the trainer, no store).
+    """
+    need = plan.estimate_bytes(pending)
+    probe = plan.features_dir if plan.features_dir.exists() else Path(plan.run_dir)
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need * margin > free:
+        tokens = sum(sum(plan.shards[i]["lengths"]) for i in pending)
+        raise DiskSpaceError(
+            f"features of {tokens:,} tokens need about {need / 1e9:.2f} GB ({plan.bytes_per_token()} B/token x "
+            f"{margin} margin) but {probe} has {free / 1e9:.2f} GB free",
+            "free disk space, or let the trainer compute features on the fly (draftsmith.features.stream) instead",
+        )
+    return need, free

@@ -1,0 +1,218 @@
+"""The feature store: safetensors shards + per-shard sidecars + ``manifest.json`` (formats.md §4), and status.
+
+Write order of one shard, each step atomic (temporary name + ``os.replace``): ``features-NNNNN.safetensors``,
+then its sidecar ``features-NNNNN.json``. A shard is done when its sidecar exists and names the file's sha256;
+a killed job leaves at most a hidden ``.features-NNNNN.safetensors.tmp-PID`` that the next run removes.
+The manifest is rebuilt from the sidecars under a file lock, so parallel jobs never lose each other's shards.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import DataError
+from draftsmith.features.plan import ExtractPlan, sha256_file
+from draftsmith.log import get_logger
+from draftsmith.paths import atomic_write_text
+
+log = get_logger(__name__)
+
+SHARD_SCHEMA = "draftsmith.feature-shard/1"
+MANIFEST_SCHEMA = "draftsmith.features/1"
+# run-level manifest fields that must not change between a run and its resume
+_PINNED = ("target_model", "target_revision", "tokenizer_sha256", "layer_ids", "hidden_size", "dtype",
+           "data_manifest_sha256")
+
+
+def shard_file(index: int) -> str:
+    return f"features-{index:05d}.safetensors"
+
+
+def sidecar_file(index: int) -> str:
+    return f"features-{index:05d}.json"
+
+
+@contextmanager
+def locked(features_dir: Path):
+    """Exclusive ``flock`` on ``features/.lock`` (serialises manifest and status rewrites across workers)."""
+    features_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(features_dir / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_sidecar(features_dir: Path, index: int) -> dict | None:
+    """The sidecar of shard ``index`` if the shard is complete (sidecar and file both present), else None."""
+    side = Path(features_dir) / sidecar_file(index)
+    if not side.is_file() or not (Path(features_dir) / shard_file(index)).is_file():
+        return None
+    return json.loads(side.read_text())
+
+
+def remove_stale_temps(features_dir: Path, index: int) -> int:
+    """Delete temporary files a killed writer of shard ``index`` left behind; returns how many."""
+    n = 0
+    for f in Path(features_dir).glob(f".features-{index:05d}.*"):
+        f.unlink(missing_ok=True)
+        n += 1
+    return n
+
+
+def check_compatible(plan: ExtractPlan) -> None:
+    """Refuse to add shards to a feature store extracted with other layers, dtype, target or data.
+
+    Raises:
+        DataError: an existing ``manifest.json`` disagrees with the plan on a pinned field.
+    """
+    f = plan.features_dir / "manifest.json"
+    if not f.is_file():
+        return
+    old = json.loads(f.read_text())
+    new = plan.manifest_header()
+    diff = [k for k in _PINNED if old.get(k) != new.get(k)]
+    if diff:
+        raise DataError(
+            f"{plan.features_dir} holds features extracted with other {', '.join(diff)} "
+            f"({', '.join(f'{k}={old.get(k)!r}' for k in diff)})",
+            f"delete {plan.features_dir} to extract again, or run with the settings it was made with",
+        )
+
+
+def write_shard(plan: ExtractPlan, index: int, sample_ids: Sequence[str], aux: Sequence[torch.Tensor],
+                final: Sequence[torch.Tensor], skipped: list[dict], seconds: float) -> dict:
+    """Write one feature shard and its sidecar atomically.
+
+    Args:
+        plan: the run's plan (dtype, folder).
+        index: data shard index = feature shard index.
+        sample_ids: kept samples' ids, in shard order.
+        aux: per kept sample ``[T_s, 3*H]``; final: per kept sample ``[T_s, H]`` (already in the stored dtype).
+        skipped: ``[{"id", "reason"}]`` samples left out (e.g. non-finite features).
+        seconds: compute time of the shard (for rates).
+
+    Returns:
+        The sidecar dict (file, sample_ids, lengths, sha256, bytes, tokens, skipped, seconds, ...).
+    """
+    from safetensors.torch import save_file
+
+    d = plan.features_dir
+    d.mkdir(parents=True, exist_ok=True)
+    lengths = [int(a.shape[0]) for a in aux]
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)  # [S+1]
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    h = plan.hidden_size
+    tensors = {
+        "aux_hidden": torch.cat(list(aux)) if aux else torch.zeros(0, 3 * h, dtype=torch.bfloat16),  # [T_total, 3*H]
+        "final_hidden": torch.cat(list(final)) if final else torch.zeros(0, h, dtype=torch.bfloat16),  # [T_total, H]
+        "offsets": offsets,
+    }
+    meta = {"schema": SHARD_SCHEMA, "layer_ids": json.dumps(plan.layer_ids), "final_hidden": "post_norm",
+            "target_model": plan.target_model}
+    path = d / shard_file(index)
+    tmp = d / f".{path.name}.tmp-{os.getpid()}"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    side = {
+        "schema": SHARD_SCHEMA,
+        "file": path.name,
+        "data_shard": index,
+        "sample_ids": list(sample_ids),
+        "lengths": lengths,
+        "tokens": int(sum(lengths)),
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+        "skipped": skipped,
+        "seconds": round(seconds, 3),
+        "finished_at": time.time(),
+    }
+    atomic_write_text(d / sidecar_file(index), json.dumps(side, indent=1))
+    return side
+
+
+def rebuild_manifest(plan: ExtractPlan) -> dict:
+    """Rewrite ``features/manifest.json`` from the complete shards' sidecars (under the store lock).
+
+    Returns:
+        The manifest: :meth:`ExtractPlan.manifest_header` plus ``shards`` (file, sample_ids, lengths, sha256,
+        skipped) in index order, ``samples``, ``tokens`` and ``skipped_samples``.
+    """
+    with locked(plan.features_dir):
+        sides = [s for i in range(len(plan.shards)) if (s := read_sidecar(plan.features_dir, i))]
+        m = plan.manifest_header()
+        m["shards"] = [{k: s[k] for k in ("file", "data_shard", "sample_ids", "lengths", "sha256", "skipped")}
+                       for s in sides]
+        m["samples"] = sum(len(s["sample_ids"]) for s in sides)
+        m["tokens"] = sum(s["tokens"] for s in sides)
+        m["skipped_samples"] = sum(len(s["skipped"]) for s in sides)
+        atomic_write_text(plan.features_dir / "manifest.json", json.dumps(m, indent=1))
+    return m
+
+
+def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None = None) -> dict:
+    """Write ``runs/<run>/status/extract.json``: progress, rates, bytes and free disk.
+
+    Rates: ``tokens_per_s`` / ``samples_per_s`` count shards finished since ``started_at`` (the extract command's
+    start, kept in the file across calls) over the elapsed wall time; ``compute_tokens_per_s`` is tokens over the
+    summed compute seconds of all finished shards (one worker's speed).
+    """
+    status_dir = Path(status_dir)
+    f = status_dir / "extract.json"
+    with locked(plan.features_dir):
+        old = json.loads(f.read_text()) if f.is_file() else {}
+        started = started_at or old.get("started_at") or time.time()
+        sides = [s for i in range(len(plan.shards)) if (s := read_sidecar(plan.features_dir, i))]
+        recent = [s for s in sides if s.get("finished_at", 0) >= started]
+        elapsed = max(time.time() - started, 1e-9)
+        secs = sum(s["seconds"] for s in sides)
+        snap = {
+            "stage": "extract",
+            "updated_at": time.time(),
+            "started_at": started,
+            "backend": plan.backend,
+            "shards_done": len(sides),
+            "shards_total": len(plan.shards),
+            "samples_done": sum(len(s["sample_ids"]) for s in sides),
+            "samples_total": sum(len(s["sample_ids"]) for s in plan.shards),
+            "tokens_done": sum(s["tokens"] for s in sides),
+            "tokens_total": sum(sum(s["lengths"]) for s in plan.shards),
+            "skipped_samples": sum(len(s["skipped"]) for s in sides),
+            "bytes_written": sum(s["bytes"] for s in sides),
+            "estimated_bytes_total": plan.estimate_bytes(),
+            "free_disk_bytes": shutil.disk_usage(plan.features_dir).free,
+            "samples_per_s": round(sum(len(s["sample_ids"]) for s in recent) / elapsed, 3),
+            "tokens_per_s": round(sum(s["tokens"] for s in recent) / elapsed, 1),
+            "compute_tokens_per_s": round(sum(s["tokens"] for s in sides) / secs, 1) if secs else 0.0,
+        }
+        status_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(f, json.dumps(snap, indent=1))
+    return snap
+
+
+def load_feature_shard(features_dir: Path, entry: dict, verify: bool = False) -> dict[str, torch.Tensor]:
+    """Read one feature shard (``aux_hidden``, ``final_hidden``, ``offsets``) listed in the manifest.
+
+    Raises:
+        DataError: the file is missing or (with ``verify``) its sha256 differs from the manifest's.
+    """
+    from safetensors.torch import load_file
+
+    f = Path(features_dir) / entry["file"]
+    if not f.is_file():
+        raise DataError(f"feature shard {f} is missing", "run `draftsmith extract` again (it resumes)")
+    if verify and sha256_file(f) != entry["sha256"]:
+        raise DataError(f"feature shard {f} does not match its manifest sha256", f"delete {f} and extract again")
+    return load_file(str(f))

@@ -1,0 +1,175 @@
+"""An async client for OpenAI-compatible chat servers (vLLM, SGLang) that classifies every error.
+
+Transient errors (connection resets, timeouts, HTTP 5xx and 429, unreadable bodies) are retried with exponential
+backoff and jitter; a 400 for exceeding the context is permanent and never retried (vLLM issue 20409); other 4xx
+are permanent too. Every error, retried or not, is counted by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+TRANSIENT = {"connection", "timeout", "http_5xx", "http_429", "invalid_response"}
+_CONTEXT_MARKERS = (
+    "maximum context length", "context length", "max_model_len", "maximum model length", "too long",
+    "exceeds the model", "max_tokens", "is longer than",
+)
+
+
+class ChatError(Exception):
+    """A failed chat request: ``reason`` is the counter key, ``transient`` says whether a retry may help."""
+
+    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        return self.reason in TRANSIENT
+
+
+def classify_status(status: int, body: str) -> ChatError:
+    """Map an HTTP error status and body to a :class:`ChatError` reason."""
+    text = body[:500]
+    if status == 429:
+        return ChatError("http_429", text, status)
+    if status >= 500:
+        return ChatError("http_5xx", text, status)
+    if status == 400 and any(m in body.lower() for m in _CONTEXT_MARKERS):
+        return ChatError("context_length", text, status)
+    return ChatError("http_4xx", text, status)
+
+
+def classify_exception(exc: BaseException) -> ChatError:
+    """Map a transport exception to a :class:`ChatError` reason (``timeout`` or ``connection``)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ChatError("timeout", f"{type(exc).__name__}: {exc}")
+    return ChatError("connection", f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class ChatResult:
+    """One assistant turn as the server produced it."""
+
+    content: str
+    reasoning: str | None
+    reasoning_field: str | None
+    finish_reason: str | None
+    usage: dict[str, int]
+    token_ids: list[int] | None
+    model: str
+    latency_s: float
+
+
+def parse_chat_response(body: dict[str, Any], latency_s: float) -> ChatResult:
+    """Read one chat completion body (reads ``reasoning`` and ``reasoning_content``; notes which one).
+
+    Raises:
+        ChatError: ``invalid_response`` when the body has no choice or message.
+    """
+    try:
+        choice = body["choices"][0]
+        msg = choice["message"]
+    except (KeyError, IndexError, TypeError) as e:
+        raise ChatError("invalid_response", f"no choices[0].message in response: {str(body)[:200]}") from e
+    reasoning, field = None, None
+    for name in ("reasoning", "reasoning_content"):
+        if msg.get(name):
+            reasoning, field = msg[name], name
+            break
+    usage = body.get("usage") or {}
+    return ChatResult(
+        content=msg.get("content") or "",
+        reasoning=reasoning,
+        reasoning_field=field,
+        finish_reason=choice.get("finish_reason"),
+        usage={k: int(v) for k, v in usage.items() if isinstance(v, int)},
+        token_ids=choice.get("token_ids"),
+        model=body.get("model", ""),
+        latency_s=latency_s,
+    )
+
+
+class ChatClient:
+    """Sends chat requests with retries. One instance per job; share its ``httpx.AsyncClient`` across requests.
+
+    Args:
+        base_url: server URL without ``/v1``.
+        model: served model name.
+        request_timeout_s / connect_timeout_s: client timeouts, in seconds (long generations need long ones).
+        max_retries: retries of a transient error; backoff_s doubles per retry with +-50 % jitter.
+        on_error: called with every :class:`ChatError` (retried ones too), for counting.
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, request_timeout_s: float = 3600,
+                 connect_timeout_s: float = 10, max_retries: int = 5, backoff_s: float = 1.0,
+                 on_error: Callable[[ChatError], None] | None = None, max_connections: int = 256) -> None:
+        self.url = f"{base_url.rstrip('/')}/v1/chat/completions"
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.on_error = on_error or (lambda e: None)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
+            # vLLM closes idle keep-alive connections after 5 s: expire ours sooner to avoid the reset race
+            limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=2.0),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def chat(self, messages: list[dict[str, str]], sampling: dict[str, Any],
+                   before_attempt: Callable[[], Awaitable[None]] | None = None,
+                   after_attempt: Callable[[], Awaitable[None]] | None = None) -> ChatResult:
+        """Send one chat request, retrying transient errors.
+
+        ``before_attempt``/``after_attempt`` wrap every attempt (the shared in-flight cap uses them).
+
+        Raises:
+            ChatError: a permanent error, or a transient one after ``max_retries`` retries.
+        """
+        body = {"model": self.model, "messages": messages, **sampling}
+        attempt = 0
+        while True:
+            if before_attempt:
+                await before_attempt()
+            t0 = time.monotonic()
+            try:
+                resp = await self._http.post(self.url, json=body)
+                latency = time.monotonic() - t0
+                if resp.status_code != 200:
+                    raise classify_status(resp.status_code, resp.text)
+                try:
+                    data = resp.json()
+                except ValueError as e:
+                    raise ChatError("invalid_response", f"body is not JSON: {resp.text[:200]}") from e
+                return parse_chat_response(data, latency)
+            except ChatError as e:
+                err = e
+            except httpx.HTTPError as e:
+                err = classify_exception(e)
+            finally:
+                if after_attempt:
+                    await after_attempt()
+            self.on_error(err)
+            if not err.transient or attempt >= self.max_retries:
+                raise err
+            delay = self.backoff_s * (2**attempt) * random.uniform(0.5, 1.5)
+            log.warning("retrying after %s (attempt %d/%d, %.1f s)", err.reason, attempt + 1, self.max_retries, delay)
+            attempt += 1
+            await asyncio.sleep(delay)

@@ -1,0 +1,164 @@
+"""``enqueue``: extract unique prompts, skip what is done or already queued, enqueue the rest as rq jobs.
+
+Everything pending is derived from disk (``prompts.jsonl`` and the record shards), so running ``enqueue`` again
+after a Redis flush or a crash rebuilds the queue and loses nothing. Job ids are a hash of the run folder and the
+batch's prompt ids: enqueueing twice creates no duplicate work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rq import Retry
+from rq.job import Job, JobStatus
+from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from draftsmith.config import Settings
+from draftsmith.errors import DiskSpaceError
+from draftsmith.generation.progress import ProgressBoard
+from draftsmith.generation.sources import extract_prompts
+from draftsmith.generation.store import done_ids, load_prompts
+from draftsmith.paths import RunPaths, atomic_write_text
+
+JOB_FUNC = "draftsmith.generation.jobs.generate_job"
+ACTIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
+
+
+@dataclass
+class EnqueueReport:
+    """What ``enqueue`` did (or would do, with ``dry_run``)."""
+
+    extracted: int = 0
+    new_prompts: int = 0
+    total: int = 0
+    done: int = 0
+    queued_already: int = 0
+    pending: int = 0
+    jobs: list[str] = field(default_factory=list)
+    skipped_rows: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+    model: str | None = None
+    queue: str | None = None
+
+
+def job_id_for(run_root: Path, prompt_ids: list[str]) -> str:
+    """Deterministic job id of a batch: ``gen-`` + sha1 of the run folder and the batch's ids."""
+    h = hashlib.sha1(str(Path(run_root).resolve()).encode())
+    for i in prompt_ids:
+        h.update(i.encode())
+    return "gen-" + h.hexdigest()[:20]
+
+
+def check_disk(path: Path, min_free_gb: float) -> None:
+    """Raises DiskSpaceError when the filesystem of ``path`` has less than ``min_free_gb`` GB free."""
+    path.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path).free / 1e9
+    if free < min_free_gb:
+        raise DiskSpaceError(
+            f"only {free:.2f} GB free under {path} (generation.min_free_disk_gb = {min_free_gb})",
+            "free some space or point runs_dir at a bigger disk; finished shards are kept",
+        )
+
+
+def active_prompt_ids(queue, run_root: Path) -> set[str]:
+    """Prompt ids held by jobs of this run that are queued, running, scheduled or deferred."""
+    conn, ids = queue.connection, set()
+    job_ids = set(queue.get_job_ids())
+    for reg in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
+        job_ids.update(reg(queue.name, connection=conn, serializer=JSONSerializer).get_job_ids(cleanup=False))
+    want = str(Path(run_root).resolve())
+    for job in Job.fetch_many(list(job_ids), connection=conn, serializer=JSONSerializer):
+        if job is None or job.get_status(refresh=False) not in ACTIVE:
+            continue
+        kw = job.kwargs or {}
+        if str(Path(kw.get("run_root", "")).resolve()) == want:
+            ids.update(kw.get("prompt_ids", []))
+    return ids
+
+
+def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int, dry_run: bool = False,
+            split: str = "train", say: Callable[[str], None] = print) -> EnqueueReport:
+    """Extract prompts from ``source`` into the run and enqueue what is pending.
+
+    ``source`` None re-enqueues the run's existing ``prompts.jsonl`` (resume after a crash or a Redis flush).
+
+    Raises:
+        SourceError, TargetUnavailable, ModelNotServed, DiskSpaceError, QueueError: see their messages.
+    """
+    from draftsmith.queues import connect, get_queue
+    from draftsmith.target.server import resolve_model
+
+    paths = RunPaths(s.runs_dir, s.run)
+    report = EnqueueReport()
+    existing = load_prompts(paths.prompts)
+    if source:
+        say(f"Loading dataset {source}...")
+        result = extract_prompts(source, limit, split, s.generation.system_prompt)
+        report.extracted, report.duplicates = len(result.prompts), result.duplicates
+        report.skipped_rows = dict(result.skipped)
+        say(f"Extracted {report.extracted} unique questions")
+        if result.skipped:
+            say("Skipped rows: " + ", ".join(f"{k}={v}" for k, v in sorted(result.skipped.items())))
+        new = [p for p in result.prompts if p.id not in existing]
+        report.new_prompts = len(new)
+        batch_prompts = {p.id: p.to_json() for p in result.prompts}
+    else:
+        batch_prompts = existing
+        report.extracted = len(existing)
+        say(f"Resuming {len(existing)} prompts from {paths.prompts}")
+    done = done_ids(paths.records)
+    wanted = [i for i in batch_prompts if i not in done]
+    if dry_run:
+        report.total, report.done, report.pending = len(batch_prompts), len(batch_prompts) - len(wanted), len(wanted)
+        say(f"Pending: {report.pending} (skipping {report.done} already done)")
+        say("Dry run: nothing enqueued")
+        return report
+    check_disk(paths.root, s.generation.min_free_disk_gb)
+    client = connect(s.redis.url)
+    model = resolve_model(s.target.url, s.target.model, s.target.api_key)
+    report.model = model
+    paths.ensure(paths.records)
+    if source and report.new_prompts:
+        merged = {**existing, **{k: v for k, v in batch_prompts.items() if k not in existing}}
+        atomic_write_text(paths.prompts, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in merged.values()))
+        existing = merged
+    queue = get_queue(client, s.redis.prefix, "generate")
+    report.queue = queue.name
+    active = active_prompt_ids(queue, paths.root)
+    pending = [i for i in wanted if i not in active]
+    report.total = len(existing)
+    report.done = len(done & set(existing))
+    report.queued_already = len([i for i in wanted if i in active])
+    report.pending = len(pending)
+    say(f"Pending: {len(pending)} (skipping {len(batch_prompts) - len(wanted)} already done"
+        + (f", {report.queued_already} already queued)" if report.queued_already else ")"))
+    board = ProgressBoard(client, s.redis.prefix, paths.root)
+    if not active:
+        board.reset()
+    board.set(phase="enqueued" if pending or active else "done", total=report.total, done_at_start=report.done)
+    settings_json: dict[str, Any] = s.model_dump(mode="json")
+    retry = Retry(max=s.generation.job_retries, interval=[5, 30, 120][: max(1, s.generation.job_retries)])
+    for start in range(0, len(pending), batch_size):
+        ids = pending[start : start + batch_size]
+        jid = job_id_for(paths.root, ids)
+        old = Job.fetch_many([jid], connection=client, serializer=JSONSerializer)[0]
+        if old is not None:
+            if old.get_status(refresh=False) in ACTIVE:
+                continue
+            old.delete()
+        queue.enqueue(
+            JOB_FUNC, job_id=jid, retry=retry, job_timeout=s.generation.job_timeout_s, result_ttl=7 * 86400,
+            failure_ttl=30 * 86400, description=f"generate {len(ids)} prompts for {paths.run}",
+            kwargs={"run_root": str(paths.root.resolve()), "job_id": jid, "prompt_ids": ids, "model": model,
+                    "settings": settings_json},
+        )
+        report.jobs.append(jid)
+    say(f"Enqueued {len(report.jobs)} jobs of up to {batch_size} prompts on queue {queue.name} (model {model})")
+    return report

@@ -1,0 +1,133 @@
+"""Live progress of a generation run, shared by every worker through one Redis hash.
+
+Fields: ``phase`` (loading dataset / enqueued / running / done), ``total``, ``done_at_start`` (prompts already on
+disk when the run was enqueued), ``started_at`` (first job start), counters ``requests_ok``, ``requests_err``,
+``completion_tokens``, ``latency_sum_s``, ``prompts_done`` and ``err:<reason>``. ``status`` turns them into rates.
+When Redis lost the hash (a flush), ``status`` falls back to what is on disk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from draftsmith.generation.store import done_ids, load_prompts
+
+
+def progress_key(prefix: str, run_root: Path) -> str:
+    """Redis key of a run's progress hash (the run folder identifies the run)."""
+    return f"{prefix}:progress:{Path(run_root).resolve()}"
+
+
+class ProgressBoard:
+    """Writer side: jobs and ``enqueue`` update the run's hash."""
+
+    def __init__(self, client: redis.Redis, prefix: str, run_root: Path) -> None:
+        self.client = client
+        self.key = progress_key(prefix, run_root)
+
+    def set(self, **fields: object) -> None:
+        self.client.hset(self.key, mapping={k: str(v) for k, v in fields.items()})
+
+    def start_if_unset(self) -> None:
+        """Mark the first moment a job ran (rates are measured from here)."""
+        if self.client.hsetnx(self.key, "started_at", repr(time.time())):
+            self.client.hset(self.key, "phase", "running")
+
+    def incr(self, **counters: float) -> None:
+        pipe = self.client.pipeline()
+        for k, v in counters.items():
+            if isinstance(v, float):
+                pipe.hincrbyfloat(self.key, k, v)
+            else:
+                pipe.hincrby(self.key, k, int(v))
+        pipe.execute()
+
+    def reset(self) -> None:
+        self.client.delete(self.key)
+
+    def read(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.client.hgetall(self.key).items()}
+
+
+@dataclass
+class ProgressSnapshot:
+    """What ``status`` prints: one correct line of the run's progress."""
+
+    phase: str
+    total: int
+    done: int
+    errors: int
+    errors_by_reason: dict[str, int] = field(default_factory=dict)
+    req_per_s: float | None = None
+    out_tok_per_s: float | None = None
+    in_flight: int = 0
+    mean_latency_s: float | None = None
+    mean_completion_tokens: float | None = None
+    elapsed_s: float | None = None
+    eta_s: float | None = None
+    source: str = "redis"
+
+    def line(self) -> str:
+        """The operator's progress line."""
+        def f(v: float | None, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+
+        errs = ", ".join(f"{k}={v}" for k, v in sorted(self.errors_by_reason.items()))
+        return (
+            f"[{self.phase}] {self.done}/{self.total} done ({self.errors} errors{': ' + errs if errs else ''}), "
+            f"{f(self.req_per_s, '.2f')} req/s, {f(self.out_tok_per_s, '.1f')} out tok/s, "
+            f"in flight {self.in_flight}, mean latency {f(self.mean_latency_s, '.1f')} s, "
+            f"avg completion {f(self.mean_completion_tokens, '.0f')} tokens, elapsed {_hms(self.elapsed_s)}, "
+            f"ETA {_hms(self.eta_s)}"
+        )
+
+
+def _hms(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def snapshot(client: redis.Redis | None, prefix: str, run_root: Path, in_flight: int = 0) -> ProgressSnapshot:
+    """Compute the progress line of a run from Redis, or from disk when Redis has nothing for it."""
+    run_root = Path(run_root)
+    h: dict[str, str] = {}
+    if client is not None:
+        try:
+            h = ProgressBoard(client, prefix, run_root).read()
+        except redis.RedisError:
+            h = {}
+    done_disk = len(done_ids(run_root / "records"))
+    if not h:
+        total = len(load_prompts(run_root / "prompts.jsonl"))
+        phase = "done" if total and done_disk >= total else ("idle" if total else "empty")
+        return ProgressSnapshot(phase=phase, total=total, done=done_disk, errors=0, source="disk",
+                                in_flight=in_flight)
+    total = int(h.get("total", 0))
+    errors = {k[4:]: int(v) for k, v in h.items() if k.startswith("err:")}
+    ok = int(h.get("requests_ok", 0))
+    lat = float(h.get("latency_sum_s", 0.0))
+    tokens = int(h.get("completion_tokens", 0))
+    started = float(h["started_at"]) if "started_at" in h else None
+    now = time.time()
+    elapsed = now - started if started else None
+    done_since = max(0, done_disk - int(h.get("done_at_start", 0)))
+    req_s = ok / elapsed if elapsed and elapsed > 0 else None
+    tok_s = tokens / elapsed if elapsed and elapsed > 0 else None
+    prompts_s = done_since / elapsed if elapsed and elapsed > 0 and done_since else None
+    remaining = max(0, total - done_disk)
+    eta = remaining / prompts_s if prompts_s else (0.0 if remaining == 0 and total else None)
+    phase = h.get("phase", "running")
+    if total and done_disk >= total:
+        phase = "done"
+    return ProgressSnapshot(
+        phase=phase, total=total, done=done_disk, errors=sum(errors.values()), errors_by_reason=errors,
+        req_per_s=req_s, out_tok_per_s=tok_s, in_flight=in_flight,
+        mean_latency_s=lat / ok if ok else None, mean_completion_tokens=tokens / ok if ok else None,
+        elapsed_s=elapsed, eta_s=eta,
+    )

@@ -1,0 +1,145 @@
+"""Record shards on disk: the truth of what is done.
+
+One JSONL shard per job attempt under ``runs/<run>/records/`` with a ``.meta.json`` sidecar listing its prompt ids;
+shards are written to a temporary name and renamed. Writers take an ``fcntl`` lock on ``records/.lock`` and drop
+records whose prompt already has one, so a prompt has exactly one record even when a Redis flush or a killed
+worker makes two jobs answer it. ``manifest.json`` is a cache rebuilt from the sidecars.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from draftsmith.errors import DataError
+from draftsmith.paths import atomic_write_text
+
+RECORD_SCHEMA = "draftsmith.record/1"
+SHARD_SCHEMA = "draftsmith.record-shard/1"
+MANIFEST_SCHEMA = "draftsmith.records-manifest/1"
+
+
+@contextmanager
+def records_lock(records_dir: Path) -> Iterator[None]:
+    """Exclusive lock over a records folder (works across processes on one host or a shared POSIX volume)."""
+    records_dir.mkdir(parents=True, exist_ok=True)
+    with open(records_dir / ".lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _meta_files(records_dir: Path) -> list[Path]:
+    return sorted(p for p in records_dir.glob("*.meta.json") if not p.name.startswith("."))
+
+
+def done_ids(records_dir: Path) -> set[str]:
+    """Ids of prompts that have a record (ok or permanent error) in any shard."""
+    ids: set[str] = set()
+    if not records_dir.is_dir():
+        return ids
+    for meta in _meta_files(records_dir):
+        try:
+            ids.update(json.loads(meta.read_text())["ids"])
+        except (OSError, ValueError, KeyError) as e:
+            raise DataError(f"shard sidecar {meta} is unreadable ({e})",
+                            "remove it and its .jsonl shard; those prompts will be regenerated") from e
+    return ids
+
+
+def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> tuple[Path | None, int]:
+    """Write ``records`` as shard ``<name>.jsonl`` unless their prompts are done already.
+
+    Returns:
+        (shard path or None if nothing was new, number of records dropped as duplicates).
+
+    Raises:
+        DiskSpaceError / OSError: the disk is full; nothing partial becomes visible.
+    """
+    with records_lock(records_dir):
+        done = done_ids(records_dir)
+        fresh = [r for r in records if r["id"] not in done]
+        dropped = len(records) - len(fresh)
+        if not fresh:
+            return None, dropped
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in fresh)
+        shard = records_dir / f"{name}.jsonl"
+        n = 1
+        while shard.exists():  # a retry of the same job writes beside, never over
+            shard = records_dir / f"{name}.r{n}.jsonl"
+            n += 1
+        atomic_write_text(shard, text)
+        meta = {
+            "schema": SHARD_SCHEMA,
+            "shard": shard.name,
+            "ids": [r["id"] for r in fresh],
+            "count": len(fresh),
+            "ok": sum(1 for r in fresh if r.get("status") == "ok"),
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        # the sidecar makes the shard count: written last, atomically
+        atomic_write_text(shard.with_name(shard.name[: -len(".jsonl")] + ".meta.json"), json.dumps(meta))
+        _write_manifest(records_dir)
+        return shard, dropped
+
+
+def _write_manifest(records_dir: Path) -> dict[str, Any]:
+    shards = []
+    for meta in _meta_files(records_dir):
+        m = json.loads(meta.read_text())
+        shards.append({k: m[k] for k in ("shard", "count", "ok", "sha256", "created_at")})
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "shards": shards,
+        "records": sum(s["count"] for s in shards),
+        "ok": sum(s["ok"] for s in shards),
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    atomic_write_text(records_dir / "manifest.json", json.dumps(manifest, indent=1))
+    return manifest
+
+
+def rebuild_manifest(records_dir: Path) -> dict[str, Any]:
+    """Rebuild ``manifest.json`` from the shard sidecars (under the lock)."""
+    with records_lock(records_dir):
+        return _write_manifest(records_dir)
+
+
+def iter_records(records_dir: Path) -> Iterator[dict[str, Any]]:
+    """Every record of every shard that has a sidecar, in shard order.
+
+    Raises:
+        DataError: a shard line is not JSON (the message names the file and line).
+    """
+    for meta in _meta_files(records_dir):
+        shard = meta.with_name(meta.name[: -len(".meta.json")] + ".jsonl")
+        with open(shard, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except ValueError as e:
+                        raise DataError(f"{shard}:{lineno} is not valid JSON",
+                                        "delete the shard and its .meta.json to regenerate it") from e
+
+
+def load_prompts(path: Path) -> dict[str, dict[str, Any]]:
+    """The run's prompts (``prompts.jsonl``) by id."""
+    out: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                p = json.loads(line)
+                out[p["id"]] = p
+    return out
