@@ -131,6 +131,50 @@ class TrainConfig(Section):
     """EAGLE-3 drafter training (issue 5)."""
 
     ttt_steps: int = Field(7, ge=1, description="Training-time-test unroll depth k.")
+    draft_vocab_size: int = Field(8192, ge=1, description="Draft vocabulary size N (data/vocab/draft-N must exist).")
+    layer_ids: list[int] | None = Field(
+        None, description="Aux target layer ids (output_hidden_states index); None = the features' ids."
+    )
+    num_layers: int = Field(1, ge=1, description="Decoder layers of the drafter (1 for EAGLE-3).")
+    norm_before_residual: bool = Field(False, description="Residual carries the normed feature (vLLM flag).")
+    lm_head_init: Literal["target", "random"] = Field(
+        "target", description="Init lm_head from the target's rows of the draft vocabulary, or randomly."
+    )
+    init_from: str | None = Field(None, description="Pretrained drafter folder to fine-tune (EAGLE or speculators).")
+    remap_vocab: bool = Field(False, description="Remap a pretrained drafter's lm_head rows to the data's vocab.")
+    lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
+    warmup_ratio: float = Field(0.015, ge=0, le=1, description="Share of steps with linear warm-up.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a share of the peak lr.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
+    grad_clip: float = Field(0.5, gt=0, description="Gradient-norm clipping threshold.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    batch_tokens: int = Field(8192, ge=16, description="Most padded tokens per micro-batch (length bucketing).")
+    batch_size: int = Field(8, ge=1, description="Most samples per micro-batch.")
+    epochs: int = Field(1, ge=1, description="Passes over the training split.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (None = epochs).")
+    loss_decay: float = Field(0.8, gt=0, le=1, description="Weight of TTT step j is loss_decay**j.")
+    eval_fraction: float = Field(0.05, ge=0, lt=1, description="Share of samples held out for evaluation.")
+    eval_every: int = Field(200, ge=1, description="Held-out evaluation every N optimizer steps (and at the end).")
+    log_every: int = Field(10, ge=1, description="One progress line every N optimizer steps.")
+    save_every: int = Field(500, ge=1, description="Checkpoint every N optimizer steps (and at the end).")
+    keep: int = Field(3, ge=1, description="Checkpoints kept (oldest removed).")
+    seed: int = Field(0, description="Seed of init, shuffling and every random generator.")
+    resume: bool = Field(True, description="Continue from the run's latest checkpoint when one exists.")
+    device: str = Field("auto", description="cpu, cuda, cuda:N or auto.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto = bf16 autocast on GPU, fp32 on CPU."
+    )
+    features: Literal["offline", "stream"] = Field(
+        "offline", description="Read features/ shards, or stream them from the extractor."
+    )
+
+
+class ExportConfig(Section):
+    """Drafter export for serving engines (issue 5)."""
+
+    format: Literal["eagle3", "speculators", "both"] = Field("both", description="Checkpoint layout(s) to write.")
+    speculative_tokens: int = Field(3, ge=1, description="speculators proposal_methods speculative_tokens.")
 
 
 class EvalConfig(Section):
@@ -186,6 +230,7 @@ class Settings(BaseSettings):
     data: DataConfig = Field(default_factory=DataConfig, description="Training-data stage.")
     extract: ExtractConfig = Field(default_factory=ExtractConfig, description="Extraction stage.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training stage.")
+    export: ExportConfig = Field(default_factory=ExportConfig, description="Export stage.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus metrics.")
 
@@ -212,11 +257,15 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# variables of the test suite and benchmarks, not config keys
+_NOT_CONFIG = ("DRAFTSMITH_TEST_", "DRAFTSMITH_BENCH_")
+
+
 def _env_keys() -> dict[str, Any]:
     """Nested dict of the DRAFTSMITH_* variables, to let them beat the YAML file but lose to flags."""
     out: dict[str, Any] = {}
     for key, value in os.environ.items():
-        if not key.startswith("DRAFTSMITH_") or key == "DRAFTSMITH_CONFIG":
+        if not key.startswith("DRAFTSMITH_") or key == "DRAFTSMITH_CONFIG" or key.startswith(_NOT_CONFIG):
             continue
         parts = key[len("DRAFTSMITH_") :].lower().split("__")
         node = out
@@ -263,7 +312,7 @@ def load_settings(config_file: Path | str | None = None, overrides: dict[str, An
         msg = first["msg"]
         if first["type"] == "extra_forbidden":
             raise ConfigError(
-                f"unknown config key '{loc}'", "see `draftsmith config --show` for every key and its doc"
+                f"unknown config key '{loc}'", "`draftsmith config` lists every key with its doc"
             ) from e
         raise ConfigError(f"invalid config value for '{loc}': {msg}") from e
 

@@ -58,6 +58,33 @@ WORKERS_ALIVE = Gauge(
 )
 
 
+# ---- training (issue 5) ----
+TRAIN_STEP = Gauge(f"{NS}_train_step", "Optimizer steps done.", ["run"], multiprocess_mode="mostrecent")
+TRAIN_EPOCH = Gauge(f"{NS}_train_epoch", "Current epoch (0-based).", ["run"], multiprocess_mode="mostrecent")
+TRAIN_LOSS = Gauge(
+    f"{NS}_train_loss", "TTT soft cross-entropy of step j over the last interval (split: train or heldout).",
+    ["run", "split", "ttt_step"], multiprocess_mode="mostrecent",
+)
+TRAIN_ACC = Gauge(
+    f"{NS}_train_accuracy", "Top-1 agreement of draft step j with the target over the last interval.",
+    ["run", "split", "ttt_step"], multiprocess_mode="mostrecent",
+)
+TRAIN_ACCEPT_LEN = Gauge(
+    f"{NS}_train_simulated_acceptance_length", "1 + sum_j prod_{i<=j} acc_i (greedy chain, bonus token included).",
+    ["run", "split"], multiprocess_mode="mostrecent",
+)
+TRAIN_LR = Gauge(f"{NS}_train_learning_rate", "Current learning rate.", ["run"], multiprocess_mode="mostrecent")
+TRAIN_GRAD_NORM = Gauge(
+    f"{NS}_train_grad_norm", "Gradient norm before clipping.", ["run"], multiprocess_mode="mostrecent"
+)
+TRAIN_TOKENS = Counter(f"{NS}_train_tokens", "Real (unpadded) tokens trained on.", ["run"])
+TRAIN_TOKENS_PER_S = Gauge(
+    f"{NS}_train_tokens_per_second", "Training throughput over the last interval.", ["run"],
+    multiprocess_mode="mostrecent",
+)
+TRAIN_CHECKPOINTS = Counter(f"{NS}_train_checkpoints", "Checkpoints written.", ["run"])
+
+
 def multiprocess_enabled() -> bool:
     """True when prometheus_client writes samples to ``PROMETHEUS_MULTIPROC_DIR`` (set before import)."""
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -69,6 +96,12 @@ def prepare_multiprocess_dir(path: Path) -> None:
     for f in path.glob("*.db"):
         f.unlink()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    # prometheus_client picks its value class when it is first imported, and importing this module imports it;
+    # every metric here has labels, so its values are created at .labels() time: re-pick the class now so they
+    # are written to the folder (without this, counters set in forked work-horses were lost). (issue 7)
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()
 
 
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:

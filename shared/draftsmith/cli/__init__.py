@@ -59,6 +59,10 @@ def settings(**overrides: Any):
 from draftsmith.cli import config_cmd  # noqa: E402,F401
 from draftsmith.cli import target  # noqa: E402,F401
 from draftsmith.cli import generate  # noqa: E402,F401
+from draftsmith.cli import data  # noqa: E402,F401
+from draftsmith.cli import extract  # noqa: E402,F401
+from draftsmith.cli import eval  # noqa: E402,F401
+from draftsmith.cli import stack  # noqa: E402,F401
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from draftsmith.paths import atomic_write_bytes, atomic_write_text
 log = get_logger(__name__)
 
 DATA_SCHEMA = "draftsmith.data/1"
-CHUNK = 64  # records rendered and tokenized per batch
+CHUNK = 256  # records rendered and tokenized per batch
 MAX_REPORTED_MISMATCHES = 50
 
 
@@ -137,6 +137,7 @@ def build_data(
     tok = load_tokenizer(tokenizer_path, cfg.chat_template)
     renderer = ChatRenderer(tok, end_of_turn_ids(tok, tokenizer_path), cfg.template_kwargs)
     vsize = target_vocab_size(tok, tokenizer_path)
+    t_loaded = time.monotonic()
     files = record_files(records_dir)
     log.info("reading %d record shards from %s", len(files), records_dir)
     out_dir = Path(out_dir)
@@ -222,7 +223,7 @@ def build_data(
         if len(chunk) >= CHUNK:
             process(chunk)
             chunk = []
-            if n["records"] % (CHUNK * 16) == 0:
+            if n["records"] % (CHUNK * 8) == 0:
                 log.info("records %d, samples %d, dropped %d", n["records"], len(lengths), sum(dropped.values()))
     process(chunk)
     writer.flush(vsize)
@@ -248,6 +249,7 @@ def build_data(
         "length_histogram": _histogram(lengths),
         "reasoning_mode": renderer.reasoning_mode,
         "seconds": round(time.monotonic() - t0, 3),
+        "load_seconds": round(t_loaded - t0, 3),
     }
     failure = None
     if n["records"] == 0:

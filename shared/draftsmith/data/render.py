@@ -4,11 +4,14 @@ Rule (docs/data.md): for assistant turn k at message index a_k,
 
 - ``P_k`` = template(messages[:a_k], add_generation_prompt=True): the prompt the server tokenized;
 - ``F_k`` = template(messages[:a_k + 1]): the same conversation with turn k rendered as the last message;
-- the turn's tokens are ``F_k[len(P_k):]``; the generated span ends at the last end-of-turn token in it (the
-  template's trailing tokens after it, e.g. ChatML's ``\\n``, are context, not generated). A turn cut by
-  ``finish_reason == "length"`` never generated its end-of-turn token, so the span stops before it.
+- ``F_k`` must start with ``P_k`` as text; the turn's text is the rest, ``F_k[len(P_k):]``, and its tokens end
+  at the last end-of-turn token (the template's trailing tokens after it, e.g. ChatML's ``\\n``, are context, not
+  generated). A turn cut by ``finish_reason == "length"`` never generated its end-of-turn token, so the span
+  stops before it.
 
-Texts are tokenized the way vLLM does it: render to text, then ``tokenizer(text, add_special_tokens=False)``.
+Texts are tokenized the way vLLM does it: render to text, then ``tokenizer(text, add_special_tokens=False)``; the
+prompt ``P_k`` and the turn's text are tokenized separately, as the server saw them (prompt ids, then generated
+ids), so no merge across the boundary can shift the span.
 Turns are merged into one sample while each next prompt extends the previous sequence token for token; templates
 that drop earlier reasoning from the history (Qwen3, DeepSeek, Kimi-K2, gpt-oss) break that, and the next turn then
 starts a new sample, so every sample is a sequence the target really saw. The prefix-diff idea follows SpecForge's
@@ -175,15 +178,17 @@ class ChatRenderer:
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of rendered texts, as vLLM tokenizes a chat prompt (no extra special tokens)."""
+        if not texts:
+            return []
         return self.tok(texts, add_special_tokens=False)["input_ids"]
 
     # ---- one record --------------------------------------------------------------------------------------------
     def texts(self, rec: dict[str, Any]) -> list[tuple[str, str]]:
-        """``[(P_k, F_k)]`` texts for every assistant turn k of a record (see the module docstring).
+        """``[(P_k, F_k[len(P_k):])]``: prompt text and turn text of every assistant turn k (see the module doc).
 
         Raises:
-            SampleSkip: ``template_drops_reasoning`` (a turn's reasoning is not in the rendering) or
-                ``template_error``.
+            SampleSkip: ``template_drops_reasoning`` (a turn's reasoning is not in the rendering),
+                ``template_not_prefix_stable`` (``F_k`` does not start with ``P_k``) or ``template_error``.
         """
         msgs = rec["messages"]
         out = []
@@ -194,28 +199,24 @@ class ChatRenderer:
             conv = [self._message(m, self.reasoning_mode) for m in msgs[: a + 1]]
             p = self._render(conv[:a], True, bool(r))
             f = self._render(conv, False, bool(r))
-            if r and r.strip() not in f:
+            if not f.startswith(p):
+                raise SampleSkip("template_not_prefix_stable", f"turn {k}: rendering with the turn does not extend "
+                                 "the generation prompt")
+            if r and r.strip() not in f[len(p):]:
                 raise SampleSkip("template_drops_reasoning", f"turn {k}: reasoning missing from the rendering")
-            out.append((p, f))
+            out.append((p, f[len(p):]))
         return out
 
     def assemble(self, rec: dict[str, Any], ids: list[tuple[list[int], list[int]]]) -> list[Sample]:
-        """Build the samples of a record from the token ids of its ``(P_k, F_k)`` texts.
+        """Build the samples of a record from the token ids of its ``(prompt, turn)`` texts (see :meth:`texts`).
 
         Returns:
             One sample per run of prefix-consistent turns (usually one per record).
-
-        Raises:
-            SampleSkip: ``template_not_prefix_stable`` when ``F_k`` does not start with ``P_k`` token for token.
         """
         samples: list[Sample] = []
         cur: Sample | None = None
-        for k, (p, f) in enumerate(ids):
+        for k, (p, tail) in enumerate(ids):                     # p: [n_prompt], tail: [n_turn] incl. template tail
             turn = rec["turns"][k]
-            if f[: len(p)] != p:
-                raise SampleSkip("template_not_prefix_stable", f"turn {k}: rendering with the turn does not extend "
-                                 "the generation prompt")
-            tail = f[len(p):]                                   # [n_turn] tokens of turn k incl. template tail
             eots = [j for j, t in enumerate(tail) if t in self.eot_ids]
             end = eots[-1] + 1 if eots else len(tail)           # generated span: tail[:end]
             if turn.get("finish_reason") == "length" and eots:

@@ -47,6 +47,7 @@ class SGLangServerSpec:
     context_length: int | None = None
     mem_fraction_static: float | None = None
     extra_args: tuple[str, ...] = ()
+    kv_cache_gib: int = 2  # read by the process helper it shares with vLLM (draftsmith.target.server); unused here
 
     @property
     def url(self) -> str:

@@ -119,7 +119,7 @@ class HFExtractor:
             raise ModelError(f"transformers cannot load the target at {path}: {e}", "check target.path") from e
         return cls(model.to(device), layer_ids, batch_tokens)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: streamed features must be usable in the trainer's autograd graph
     def forward_batch(self, seqs: Sequence[torch.Tensor]) -> list[SampleFeatures]:
         """One padded forward pass over ``seqs`` (right padding; causal attention keeps real tokens exact).
 

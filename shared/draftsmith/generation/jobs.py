@@ -74,8 +74,7 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: InflightCap, 
                 return None
             board.incr(**{"prompts_error": 1})
             record.update(status="error", error={"reason": e.reason, "message": e.message[:500], "turn": len(turns)})
-            messages.pop()  # the user turn that could not be answered
-            break
+            break  # the record keeps the user turn that could not be answered
         M.GEN_REQUESTS.labels(run, "ok").inc()
         M.GEN_LATENCY.labels(run).observe(res.latency_s)
         M.GEN_COMPLETION_TOKENS.labels(run).inc(res.usage.get("completion_tokens", 0))

@@ -1,0 +1,23 @@
+#!/bin/sh
+# Start the official vLLM OpenAI server on the mounted target checkpoint (compose service `target-vllm`).
+# With DRAFTER_DIR set (a folder under /runs, e.g. /runs/demo/export/eagle3) the EAGLE-3 drafter is loaded with
+# NUM_SPECULATIVE_TOKENS chain tokens; vLLM then exports the vllm:spec_decode_* counters on /metrics.
+set -eu
+model="/models/${TARGET_MODEL:?set TARGET_MODEL in .env}"
+if [ ! -f "$model/config.json" ]; then
+  echo "error: no checkpoint at $model (config.json missing); download it into MODELS_DIR (docs/gpu-host.md)" >&2
+  exit 2
+fi
+set -- --model "$model" --served-model-name "${SERVED_MODEL_NAME:-target}" --host 0.0.0.0 --port 8000 \
+  --tensor-parallel-size "${TENSOR_PARALLEL_SIZE:-1}" --max-model-len "${MAX_MODEL_LEN:-8192}"
+if [ -n "${DRAFTER_DIR:-}" ]; then
+  if [ ! -f "$DRAFTER_DIR/config.json" ]; then
+    echo "error: DRAFTER_DIR=$DRAFTER_DIR has no config.json; run \`draftsmith export\` first" >&2
+    exit 2
+  fi
+  set -- "$@" --speculative-config \
+    "{\"method\":\"eagle3\",\"model\":\"$DRAFTER_DIR\",\"num_speculative_tokens\":${NUM_SPECULATIVE_TOKENS:-3}}"
+fi
+# TARGET_EXTRA_ARGS is split on spaces on purpose (e.g. "--enable-expert-parallel --gpu-memory-utilization 0.9").
+# shellcheck disable=SC2086
+exec python3 -m vllm.entrypoints.openai.api_server "$@" ${TARGET_EXTRA_ARGS:-}

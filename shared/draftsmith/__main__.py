@@ -1,0 +1,5 @@
+"""``python -m draftsmith`` = the ``draftsmith`` command."""
+
+from draftsmith.cli import main
+
+main()

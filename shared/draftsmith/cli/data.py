@@ -1,0 +1,76 @@
+"""``draftsmith build-data`` and ``draftsmith draft-vocab``: training samples and the draft vocabulary (issue 3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from draftsmith.cli import app, settings
+
+
+def _tokenizer_path(s) -> Path:
+    """``data.tokenizer``, else ``target.path``, else the embedded target checkpoint folder."""
+    if s.data.tokenizer:
+        return Path(s.data.tokenizer).expanduser()
+    if s.target.path:
+        return Path(s.target.path).expanduser()
+    from draftsmith.target.embedded import embedded_dir
+
+    return embedded_dir(s.target.cache_dir)
+
+
+@app.command("build-data")
+def build_data_cmd(
+    run: str = typer.Option(None, "--run", help="Run name (records under runs/<run>/records)."),
+    max_length: int = typer.Option(None, "--max-length", help="Longest sample in tokens (data.max_length)."),
+    draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="Draft vocabulary size N."),
+    check: bool = typer.Option(False, "--check", help="Only render and validate token-exactly; write nothing."),
+) -> None:
+    """Render records with the target's chat template, mask, validate token-exactly, pack samples, build d2t/t2d."""
+    from draftsmith.config import settings_to_yaml
+    from draftsmith.data.build import build_data
+    from draftsmith.paths import RunPaths
+
+    s = settings(run=run, data={"max_length": max_length, "draft_vocab_size": draft_vocab_size})
+    paths = RunPaths(s.runs_dir, s.run)
+    tok_path = _tokenizer_path(s)
+    expected = s.target.model or tok_path.name
+    res = build_data(paths.records, paths.data, tok_path, s.data, expected, check_only=check,
+                     config_dump=s.model_dump(mode="json"))
+    st = res.stats
+    if check:
+        typer.echo(f"check ok: {st['turns_checked']} turns token-exact of {st['records']} records "
+                   f"(mismatched {st['turns_mismatched']}, dropped {st['dropped']} {st['dropped_by_reason']})")
+        return
+    paths.ensure()
+    from draftsmith.paths import atomic_write_text
+
+    atomic_write_text(paths.config, settings_to_yaml(s))
+    vocab = json.loads((paths.data / "vocab" / f"draft-{s.data.draft_vocab_size}.json").read_text()) if (
+        paths.data / "vocab" / f"draft-{s.data.draft_vocab_size}.json").is_file() else None
+    typer.echo(
+        f"samples {st['samples']}  tokens {st['tokens']}  supervised {st['supervised_tokens']}  "
+        f"dropped {st['dropped']} {st['dropped_by_reason']}  truncated {st['truncations']}  "
+        f"token-exact {st['turns_checked'] - st['turns_mismatched']}/{st['turns_checked']}"
+    )
+    if vocab:
+        typer.echo(f"draft vocabulary N={vocab['size']}: coverage {100 * vocab['coverage']:.2f}%  -> {paths.data}")
+
+
+@app.command("draft-vocab")
+def draft_vocab_cmd(
+    run: str = typer.Option(None, "--run", help="Run name (uses runs/<run>/data/vocab/counts.safetensors)."),
+    size: list[int] = typer.Option(..., "--size", "-n", help="Draft vocabulary size N (repeatable)."),
+) -> None:
+    """Rebuild the draft vocabulary with another N from the stored token counts (no regeneration, no features)."""
+    from draftsmith.data.vocab import write_draft_vocab
+    from draftsmith.paths import RunPaths
+
+    s = settings(run=run)
+    vocab_dir = RunPaths(s.runs_dir, s.run).data / "vocab"
+    for n in size:
+        meta = write_draft_vocab(vocab_dir, n)
+        typer.echo(f"draft-{n}: coverage {100 * meta['coverage']:.2f}% of {meta['supervised_tokens']} supervised "
+                   f"tokens ({meta['distinct_tokens']} distinct), data {meta['data_hash'][:12]}")

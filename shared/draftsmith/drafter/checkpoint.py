@@ -1,0 +1,162 @@
+"""Training checkpoints: atomic, rotated, complete enough to resume exactly (``docs/formats.md`` section 5).
+
+``checkpoints/step-XXXXXXXX/`` holds ``model.safetensors`` (trainable weights + ``d2t``/``t2d``; the frozen
+embedding is the target's and is not stored), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` (python, torch CPU
+and CUDA generators) and ``state.json`` (step, epoch, batch position, config, drafter config, vocab hash, target).
+A checkpoint is written into ``.tmp-step-...`` and renamed, then ``latest.json`` is replaced atomically; the
+oldest beyond ``keep`` are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.errors import ModelError
+from draftsmith.log import get_logger
+from draftsmith.paths import atomic_write_text
+
+log = get_logger(__name__)
+
+STATE_SCHEMA = "draftsmith.checkpoint/1"
+FROZEN = ("embed_tokens.weight",)
+
+
+def model_state(model) -> dict[str, torch.Tensor]:
+    """Weights to store: everything but the frozen embedding and the rotary buffers, contiguous."""
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
+            if k not in FROZEN and not k.startswith("rotary.")}
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random generator a step consumes."""
+    s = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict[str, Any]) -> None:
+    random.setstate(s["python"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def save_checkpoint(folder: Path, model, optimizer, scheduler, state: dict[str, Any], keep: int) -> Path:
+    """Write ``folder/step-<step>/`` atomically and rotate; returns the new checkpoint folder."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"step-{state['step']:08d}"
+    final = folder / name
+    tmp = folder / f".tmp-{name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_file(model_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({"schema": STATE_SCHEMA, **state,
+                                                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                                               indent=2))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    atomic_write_text(folder / "latest.json", json.dumps({"checkpoint": name, "step": state["step"]}))
+    ckpts = list_checkpoints(folder)
+    for old in ckpts[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    log.info("checkpoint %s written (%d kept)", final, min(len(ckpts), keep))
+    return final
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("step-*") if (p / "state.json").is_file())
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint ``latest.json`` names (or the newest complete one), None when there is none."""
+    pointer = folder / "latest.json"
+    if pointer.is_file():
+        cand = folder / json.loads(pointer.read_text())["checkpoint"]
+        if (cand / "state.json").is_file():
+            return cand
+    ckpts = list_checkpoints(folder)
+    return ckpts[-1] if ckpts else None
+
+
+def resolve_checkpoint(run_checkpoints: Path, name: str | None) -> Path:
+    """A checkpoint folder from a name (``step-00000100``, a path) or the latest.
+
+    Raises:
+        ModelError: nothing found.
+    """
+    if name:
+        p = Path(name)
+        cand = p if p.is_dir() else run_checkpoints / name
+        if not (cand / "state.json").is_file():
+            raise ModelError(f"no checkpoint at {cand}", f"pick one of {[c.name for c in list_checkpoints(run_checkpoints)]}")
+        return cand
+    found = latest_checkpoint(run_checkpoints)
+    if found is None:
+        raise ModelError(f"no checkpoint under {run_checkpoints}", "train first: `draftsmith train --run RUN`")
+    return found
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    """``state.json`` of a checkpoint.
+
+    Raises:
+        ModelError: missing, unreadable or of another schema (a corrupt or foreign checkpoint).
+    """
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"checkpoint {ckpt} has no readable state.json ({e})", "pick another checkpoint") from e
+    if state.get("schema") != STATE_SCHEMA:
+        raise ModelError(f"checkpoint {ckpt} has schema {state.get('schema')!r}", "it was written by another tool")
+    return state
+
+
+def load_model_weights(model, ckpt: Path) -> None:
+    """Load ``model.safetensors`` strictly (every stored key must match, nothing may be missing).
+
+    Raises:
+        ModelError: unreadable file, missing/unexpected keys or shape mismatch.
+    """
+    from safetensors.torch import load_file
+
+    try:
+        sd = load_file(str(ckpt / "model.safetensors"))
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise ModelError(f"cannot read {ckpt / 'model.safetensors'}: {e}", "the checkpoint is corrupt; pick another") from e
+    want = model_state(model)
+    missing, extra = sorted(set(want) - set(sd)), sorted(set(sd) - set(want))
+    bad = [k for k in want if k in sd and tuple(sd[k].shape) != tuple(want[k].shape)]
+    if missing or extra or bad:
+        raise ModelError(
+            f"checkpoint {ckpt} does not fit this drafter (missing {missing[:4]}, unexpected {extra[:4]}, "
+            f"shape mismatch {bad[:4]})", "it comes from another architecture or config",
+        )
+    model.load_state_dict(sd, strict=False)
+
+
+def load_training_state(ckpt: Path, model, optimizer, scheduler) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and RNG from ``ckpt``; returns its state.json."""
+    state = read_state(ckpt)
+    load_model_weights(model, ckpt)
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
+    set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+    return state

@@ -1,0 +1,187 @@
+"""Training samples and target features for the trainer: readers of ``docs/formats.md`` sections 3 and 4.
+
+``FeatureSource`` is the small protocol both feature paths implement: offline shards (:class:`OfflineFeatures`)
+and features streamed from the extractor (``draftsmith.features.stream``). The trainer only asks for a batch of
+sample ids and gets ``aux_hidden [T, 3*H]`` and ``final_hidden [T, H]`` per sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from draftsmith.errors import DataError
+
+DATA_SCHEMA = "draftsmith.data/1"
+FEATURES_SCHEMA = "draftsmith.features/1"
+
+
+@runtime_checkable
+class FeatureSource(Protocol):
+    """Where target features come from. ``layer_ids`` in the convention of ``draftsmith.drafter.config``."""
+
+    hidden_size: int
+    layer_ids: list[int]
+    target_model: str
+
+    def get(self, sample_ids: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``[(aux_hidden [T, 3*H], final_hidden [T, H]), ...]`` in the order of ``sample_ids``.
+
+        Raises:
+            DataError: a sample has no features.
+        """
+        ...
+
+
+def _read_manifest(path: Path, schema: str, what: str) -> dict:
+    if not path.is_file():
+        raise DataError(f"no {what} manifest at {path}", f"run the stage that writes {path.parent.name}/ first")
+    m = json.loads(path.read_text())
+    if m.get("schema") != schema:
+        raise DataError(f"{path} has schema {m.get('schema')!r}, expected {schema!r}", "rebuild it with this version")
+    return m
+
+
+@dataclass
+class Sample:
+    """One training sample: ``input_ids`` int64 ``[T]``, ``loss_mask`` bool ``[T]``."""
+
+    id: str
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+
+
+class TrainSamples:
+    """All samples of ``runs/<run>/data/`` in memory (ids and masks are small next to features).
+
+    Raises:
+        DataError: missing manifest or shard, unknown schema, or no sample at all.
+    """
+
+    def __init__(self, data_dir: Path | str) -> None:
+        from safetensors.torch import load_file
+
+        self.dir = Path(data_dir)
+        self.manifest = _read_manifest(self.dir / "manifest.json", DATA_SCHEMA, "training-data")
+        self.samples: dict[str, Sample] = {}
+        for shard in self.manifest.get("shards", []):
+            path = self.dir / shard["file"]
+            if not path.is_file():
+                raise DataError(f"data shard {path} is missing", "rebuild the data with `draftsmith build-data`")
+            t = load_file(str(path))
+            off = t["offsets"].tolist()
+            for i, sid in enumerate(shard["sample_ids"]):
+                a, b = off[i], off[i + 1]
+                self.samples[sid] = Sample(sid, t["input_ids"][a:b].long(), t["loss_mask"][a:b].bool())
+        if not self.samples:
+            raise DataError(f"the training data in {self.dir} holds no sample", "check build-data's stats.json")
+
+    @property
+    def target_model(self) -> str:
+        return str(self.manifest.get("target_model", ""))
+
+    def split(self, eval_fraction: float) -> tuple[list[str], list[str]]:
+        """Deterministic train / held-out split by a hash of each sample id."""
+        train, held = [], []
+        for sid in sorted(self.samples):
+            h = int(hashlib.sha256(sid.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+            (held if h < eval_fraction else train).append(sid)
+        if not train:
+            raise DataError("no training sample left after the held-out split", "lower train.eval_fraction")
+        return train, held
+
+
+class OfflineFeatures:
+    """Feature shards of ``runs/<run>/features/`` read lazily, one sample slice at a time."""
+
+    def __init__(self, features_dir: Path | str) -> None:
+        self.dir = Path(features_dir)
+        self.manifest = _read_manifest(self.dir / "manifest.json", FEATURES_SCHEMA, "features")
+        if self.manifest.get("final_hidden", "post_norm") != "post_norm":
+            raise DataError("features store a pre-norm final hidden state", "re-extract with final_hidden=post_norm")
+        self.hidden_size = int(self.manifest["hidden_size"])
+        self.layer_ids = [int(i) for i in self.manifest["layer_ids"]]
+        self.target_model = str(self.manifest.get("target_model", ""))
+        self.index: dict[str, tuple[Path, int]] = {}
+        for shard in self.manifest.get("shards", []):
+            for i, sid in enumerate(shard["sample_ids"]):
+                self.index[sid] = (self.dir / shard["file"], i)
+
+    def get(self, sample_ids: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        from safetensors import safe_open
+
+        out = []
+        for sid in sample_ids:
+            if sid not in self.index:
+                raise DataError(f"sample {sid} has no features in {self.dir}", "re-run `draftsmith extract`")
+            path, i = self.index[sid]
+            with safe_open(str(path), "pt") as f:
+                off = f.get_slice("offsets")[i : i + 2].tolist()
+                aux = f.get_slice("aux_hidden")[off[0] : off[1]]  # [T, 3H]
+                fin = f.get_slice("final_hidden")[off[0] : off[1]]  # [T, H]
+            out.append((aux, fin))
+        return out
+
+
+def make_batches(
+    lengths: dict[str, int], max_tokens: int, max_batch: int, seed: int, epoch: int, bucket_factor: int = 16
+) -> list[list[str]]:
+    """Length-bucketed batches of sample ids; a deterministic function of ``(seed, epoch)``.
+
+    Samples are shuffled, cut into pools of ``bucket_factor * max_batch``, sorted by length inside each pool and
+    packed greedily so that ``batch_size * longest <= max_tokens`` (padding stays small); the batch order is then
+    shuffled. A sample longer than ``max_tokens`` is a batch of its own.
+    """
+    rng = random.Random(seed * 1000003 + epoch)
+    ids = sorted(lengths)
+    rng.shuffle(ids)
+    pool = bucket_factor * max_batch
+    batches: list[list[str]] = []
+    for s in range(0, len(ids), pool):
+        chunk = sorted(ids[s : s + pool], key=lambda i: lengths[i])
+        cur: list[str] = []
+        for sid in chunk:
+            longest = max([lengths[c] for c in cur] + [lengths[sid]])
+            if cur and (len(cur) + 1 > max_batch or (len(cur) + 1) * longest > max_tokens):
+                batches.append(cur)
+                cur = []
+            cur.append(sid)
+        if cur:
+            batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(
+    samples: list[Sample], feats: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """Right-pad a batch: ``input_ids [B, T]``, ``loss_mask [B, T]``, ``aux [B, T, 3H]``, ``final [B, T, H]``,
+    ``lengths [B]``.
+
+    Raises:
+        DataError: a sample's features and tokens differ in length (features from other data).
+    """
+    T = max(s.input_ids.numel() for s in samples)
+    B = len(samples)
+    H3, H = feats[0][0].shape[-1], feats[0][1].shape[-1]
+    ids = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    aux = torch.zeros(B, T, H3, dtype=dtype)
+    fin = torch.zeros(B, T, H, dtype=dtype)
+    for b, (s, (a, f)) in enumerate(zip(samples, feats)):
+        n = s.input_ids.numel()
+        if a.shape[0] != n or f.shape[0] != n:
+            raise DataError(
+                f"sample {s.id}: {n} tokens but features for {a.shape[0]}",
+                "the features were extracted from other data; re-run `draftsmith extract`",
+            )
+        ids[b, :n], mask[b, :n] = s.input_ids, s.loss_mask
+        aux[b, :n], fin[b, :n] = a.to(dtype), f.to(dtype)
+    lengths = torch.tensor([s.input_ids.numel() for s in samples])
+    return {"input_ids": ids, "loss_mask": mask, "aux": aux, "final": fin, "lengths": lengths}

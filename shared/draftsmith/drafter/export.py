@@ -1,0 +1,139 @@
+"""Export a trained drafter in the two layouts serving engines load (``../shared/notes/eagle3.md``).
+
+1. ``eagle3`` (EAGLE / SpecForge; SGLang and vLLM): ``LlamaForCausalLMEagle3`` config with every engine-read field
+   copied from the target and ``eagle_config``; weights ``fc.weight``, ``midlayer.*``, ``norm.weight``,
+   ``lm_head.weight``, ``d2t``, ``t2d``.
+2. ``speculators`` (vLLM): ``speculators_model_type: eagle3`` with ``transformer_layer_config`` and
+   ``speculators_config``; weights ``layers.0.*`` instead of ``midlayer.*``. ``norm_before_residual`` is always
+   written: vLLM's speculators reader defaults it to true when missing (``configs/speculators/algos.py``), its
+   EAGLE reader to false (``llama_eagle3.py``), and the drafter must be served the way it was trained.
+
+Neither layout stores ``embed_tokens``: the drafter's embedding is the target's, frozen, which vLLM then shares.
+Folders are written under a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.drafter.checkpoint import FROZEN, model_state
+from draftsmith.drafter.config import DraftConfig
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+SPECULATORS_VERSION = "0.3.0"
+
+
+def llama_fields(cfg: DraftConfig) -> dict[str, Any]:
+    """The decoder's Llama config fields, copied from the target (vocab_size = target vocabulary)."""
+    rope = dict(cfg.rope_parameters)
+    legacy_scaling = {k: v for k, v in rope.items() if k not in ("rope_theta",)}
+    return {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "attention_bias": cfg.attention_bias,
+        "mlp_bias": cfg.mlp_bias,
+        "rope_theta": rope.get("rope_theta", 10000.0),
+        "rope_scaling": legacy_scaling if legacy_scaling.get("rope_type", "default") != "default" else None,
+        "rope_parameters": rope,
+        "num_hidden_layers": cfg.num_layers,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+
+
+def eagle3_config(cfg: DraftConfig) -> dict[str, Any]:
+    """``config.json`` of the EAGLE / SpecForge layout."""
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **llama_fields(cfg),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": cfg.norm_before_residual,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.layer_ids), "use_aux_hidden_state": True},
+    }
+
+
+def speculators_config(cfg: DraftConfig, speculative_tokens: int, verifier: str) -> dict[str, Any]:
+    """``config.json`` of the speculators layout (``speculators_model_type: eagle3``)."""
+    layer = {"architectures": ["LlamaForCausalLM"], **llama_fields(cfg)}
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "norm_before_residual": cfg.norm_before_residual,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.layer_ids),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": list(cfg.target_architectures)},
+        },
+        "torch_dtype": "float32",
+    }
+
+
+def export_weights(model, layout: str) -> dict[str, torch.Tensor]:
+    """Weight dict in ``layout`` (``eagle3``: ``layers.0.`` -> ``midlayer.``; ``speculators``: unchanged)."""
+    out = {}
+    for k, v in model_state(model).items():
+        if k in FROZEN:
+            continue
+        if layout == "eagle3" and k.startswith("layers.0."):
+            k = "midlayer." + k[len("layers.0."):]
+        out[k] = v.contiguous()
+    return out
+
+
+def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3, verifier: str = "") -> Path:
+    """Write one layout into ``out_dir`` (``config.json`` + ``model.safetensors``) atomically.
+
+    Args:
+        model: trained :class:`~draftsmith.drafter.model.Eagle3Drafter`.
+        layout: ``eagle3`` or ``speculators``.
+        speculative_tokens: default K written into the speculators config.
+        verifier: the target's path or name (speculators ``verifier.name_or_path``).
+    """
+    from safetensors.torch import save_file
+
+    cfg: DraftConfig = model.cfg
+    config = eagle3_config(cfg) if layout == "eagle3" else speculators_config(cfg, speculative_tokens, verifier)
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(export_weights(model, layout), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    log.info("exported %s layout to %s", layout, out_dir)
+    return out_dir
+
+
+def export_checkpoint(ckpt: Path, target_path: str, out_root: Path, fmt: str, speculative_tokens: int = 3) -> list[Path]:
+    """Export checkpoint ``ckpt`` to ``out_root/<layout>/`` for ``fmt`` in eagle3 | speculators | both."""
+    from draftsmith.drafter.load import load_checkpoint_model
+
+    model = load_checkpoint_model(ckpt, target_path)
+    layouts = ["eagle3", "speculators"] if fmt == "both" else [fmt]
+    return [write_export(model, Path(out_root) / lay, lay, speculative_tokens, target_path) for lay in layouts]

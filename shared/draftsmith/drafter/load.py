@@ -1,0 +1,160 @@
+"""Load drafters strictly: training checkpoints, and exported / pretrained drafters in either layout.
+
+A converted checkpoint that lost the ``midlayer.`` -> ``layers.0.`` rename served with zero acceptance and only a
+warning (speculators #358, #1114); here every missing or unexpected weight, a shape, hidden-size or vocabulary
+mismatch, and a draft vocabulary other than the data's (unless ``remap``) raises :class:`ModelError`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from draftsmith.drafter.checkpoint import load_model_weights, model_state, read_state
+from draftsmith.drafter.config import DraftConfig, derive_config
+from draftsmith.drafter.model import Eagle3Drafter
+from draftsmith.drafter.vocab import init_from_target
+from draftsmith.errors import ModelError
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+IGNORED = ("embed_tokens.weight",)  # a drafter's own copy of the target embedding: ours is the target's
+
+
+def read_export(folder: Path | str) -> tuple[str, dict, dict[str, torch.Tensor]]:
+    """Read an exported drafter folder.
+
+    Returns:
+        ``(layout, config dict, weights with internal names)``; layout is ``eagle3`` or ``speculators``.
+
+    Raises:
+        ModelError: no config/weights, an unknown layout, or an unreadable weights file.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    files = sorted(folder.glob("*.safetensors"))
+    if not cfg_path.is_file() or not files:
+        raise ModelError(f"{folder} has no config.json or *.safetensors", "point at an exported drafter folder")
+    config = json.loads(cfg_path.read_text())
+    if config.get("speculators_model_type") == "eagle3":
+        layout = "speculators"
+    elif "LlamaForCausalLMEagle3" in (config.get("architectures") or []) or "eagle_config" in config:
+        layout = "eagle3"
+    else:
+        raise ModelError(f"{cfg_path} is neither an EAGLE-3 nor a speculators eagle3 config",
+                         "export the drafter with `draftsmith export`")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as e:  # safetensors raises its own types for corrupt files
+            raise ModelError(f"cannot read {f}: {e}", "the drafter file is corrupt") from e
+    renamed = {}
+    for k, v in weights.items():
+        k = k.removeprefix("model.")
+        if k.startswith("midlayer."):
+            k = "layers.0." + k[len("midlayer."):]
+        renamed[k] = v
+    return layout, config, renamed
+
+
+def export_draft_config(layout: str, config: dict, target_path: Path | str) -> DraftConfig:
+    """Drafter config of an export, re-derived from the target and checked against the export's fields.
+
+    Raises:
+        ModelError: a field the engine reads differs from the target's.
+    """
+    layer = config["transformer_layer_config"] if layout == "speculators" else config
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    nbr = config.get("norm_before_residual", layout == "speculators")
+    cfg = derive_config(target_path, int(config["draft_vocab_size"]), ids, int(layer.get("num_hidden_layers", 1)), nbr)
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
+        if key in layer and int(layer[key]) != int(getattr(cfg, key)):
+            raise ModelError(f"drafter {key}={layer[key]} but the target has {getattr(cfg, key)}",
+                             "this drafter was trained for another target")
+    return cfg
+
+
+def check_weights(model, weights: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """Strict key and shape check against ``model``; returns the weights to load.
+
+    Raises:
+        ModelError: missing or unexpected weights, or a shape mismatch.
+    """
+    want = model_state(model)
+    got = {k: v for k, v in weights.items() if k not in IGNORED}
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    bad = [f"{k} {tuple(got[k].shape)} != {tuple(want[k].shape)}" for k in want
+           if k in got and tuple(got[k].shape) != tuple(want[k].shape)]
+    if missing or extra or bad:
+        raise ModelError(f"drafter at {where} does not fit: missing {missing[:5]}, unexpected {extra[:5]}, "
+                         f"shape mismatch {bad[:3]}", "it comes from another architecture, target or converter")
+    return got
+
+
+def load_export_model(folder: Path | str, target_path: Path | str) -> Eagle3Drafter:
+    """An exported drafter (either layout) as an :class:`Eagle3Drafter` with the target's embedding, eval mode."""
+    layout, config, weights = read_export(folder)
+    cfg = export_draft_config(layout, config, target_path)
+    model = Eagle3Drafter(cfg)
+    got = check_weights(model, weights, str(folder))
+    init_from_target(model, target_path, got["d2t"].long(), got["t2d"].bool(), lm_head="random")
+    model.load_state_dict(got, strict=False)
+    return model.eval()
+
+
+def load_checkpoint_model(ckpt: Path | str, target_path: Path | str) -> Eagle3Drafter:
+    """A training checkpoint as an :class:`Eagle3Drafter` (config from its state.json), eval mode."""
+    ckpt = Path(ckpt)
+    state = read_state(ckpt)
+    cfg = DraftConfig.from_dict(state["drafter"])
+    model = Eagle3Drafter(cfg)
+    init_from_target(model, target_path, torch.zeros(cfg.draft_vocab_size, dtype=torch.long),
+                     torch.zeros(cfg.vocab_size, dtype=torch.bool), lm_head="random")
+    load_model_weights(model, ckpt)
+    return model.eval()
+
+
+def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = False) -> None:
+    """Initialise ``model`` (already holding the data's d2t/t2d) from a pretrained drafter for fine-tuning.
+
+    Args:
+        remap: when the pretrained draft vocabulary differs from the data's, copy the ``lm_head`` rows of
+            tokens both vocabularies share (others keep their target-row init) instead of failing.
+
+    Raises:
+        ModelError: layout, shape or hidden-size mismatch; another draft vocabulary without ``remap``.
+    """
+    layout, config, weights = read_export(folder)
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    if ids and list(ids) != list(model.cfg.layer_ids):
+        raise ModelError(f"pretrained drafter reads layers {ids}, the features hold {model.cfg.layer_ids}",
+                         "extract features with the drafter's layer ids (train.layer_ids)")
+    src_d2t = weights.get("d2t")
+    same_vocab = src_d2t is not None and torch.equal(src_d2t.long(), model.d2t.cpu())
+    if not same_vocab:
+        if not remap:
+            raise ModelError(f"pretrained drafter at {folder} uses another draft vocabulary than the data",
+                             "set train.remap_vocab=true to remap its lm_head rows")
+        n_src = weights["lm_head.weight"].shape[0]
+        src_ids = torch.arange(n_src) + (src_d2t.long() if src_d2t is not None else 0)  # target ids of src rows
+        dst_ids = torch.arange(model.d2t.numel()) + model.d2t.cpu()
+        pos = {int(t): i for i, t in enumerate(src_ids)}
+        head = model.lm_head.weight.detach().cpu().clone()
+        shared = 0
+        for i, t in enumerate(dst_ids.tolist()):
+            if t in pos:
+                head[i] = weights["lm_head.weight"][pos[t]]
+                shared += 1
+        weights = {**weights, "lm_head.weight": head, "d2t": model.d2t.cpu(), "t2d": model.t2d.cpu()}
+        log.info("remapped pretrained lm_head: %d of %d draft tokens shared", shared, model.d2t.numel())
+    got = check_weights(model, weights, str(folder))
+    model.load_state_dict(got, strict=False)
+    log.info("initialised from pretrained %s drafter at %s", layout, folder)

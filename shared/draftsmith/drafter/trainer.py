@@ -1,0 +1,348 @@
+"""The training loop: AdamW + cosine warm-up, accumulation, clipping, DDP, checkpoints, held-out evaluation.
+
+Run under ``torchrun`` for data parallelism (DDP; gloo on CPU, NCCL on GPU): each rank takes every
+``world``-th micro-batch of the same deterministic, length-bucketed order. Prints one fixed-format progress line
+per ``train.log_every`` steps, mirrors it as Prometheus metrics (``draftsmith.metrics`` training section) and as
+``runs/<run>/status/train.json``. Everything is validated before the first write (failure modes 10-18 of
+``../shared/notes/failure-modes.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftsmith.drafter.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from draftsmith.drafter.config import derive_config
+from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, collate, make_batches
+from draftsmith.drafter.model import Eagle3Drafter
+from draftsmith.drafter.ttt import StepStats, target_view, ttt_loss
+from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
+from draftsmith.errors import DataError, TrainingError
+from draftsmith.log import get_logger
+from draftsmith.paths import RunPaths, atomic_write_text
+
+log = get_logger(__name__)
+
+
+class TTTObjective(nn.Module):
+    """Wraps the drafter so that DDP sees one ``forward`` per micro-batch (the whole TTT unroll)."""
+
+    def __init__(self, drafter: Eagle3Drafter, k: int, decay: float) -> None:
+        super().__init__()
+        self.drafter, self.k, self.decay = drafter, k, decay
+
+    def forward(self, batch: dict[str, torch.Tensor], view) -> tuple[torch.Tensor, StepStats]:
+        return ttt_loss(self.drafter, batch["input_ids"], batch["loss_mask"], batch["aux"], batch["lengths"],
+                        view, self.k, self.decay)
+
+
+def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
+    """Linear warm-up then cosine decay to ``min_ratio`` (SpecForge's schedule)."""
+
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        p = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p))
+
+    return f
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device: str) -> Dist:
+    """Join the torchrun process group when ``WORLD_SIZE > 1`` (gloo on CPU, NCCL on GPU)."""
+    want_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if want_cuda else "gloo")
+    if want_cuda:
+        dev = torch.device(f"cuda:{local}" if device in ("auto", "cuda") else device)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    return Dist(rank, world, dev)
+
+
+def _all_sum(t: torch.Tensor, dist: Dist) -> torch.Tensor:
+    if dist.world > 1:
+        t = t.to(dist.device)
+        torch.distributed.all_reduce(t)
+    return t.cpu()
+
+
+def _fmt_s(s: float) -> str:
+    s = int(max(0, s))
+    return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def progress_line(step: int, total: int, epoch: int, st: StepStats, lr: float, tps: float, elapsed: float) -> str:
+    """The fixed-format progress line (one per interval)."""
+    eta = elapsed / max(step, 1) * (total - step)
+    accs = "/".join(f"{a:.3f}" for a in st.accs)
+    return (f"step {step:>7d}/{total} epoch {epoch} loss {sum(st.losses) / max(len(st.losses), 1):.4f} "
+            f"acc {accs} accept_len {st.acceptance_length:.3f} lr {lr:.3e} tok/s {tps:,.0f} "
+            f"elapsed {_fmt_s(elapsed)} eta {_fmt_s(eta)}")
+
+
+class Trainer:
+    """Build everything from the settings (validating inputs first), then :meth:`run`.
+
+    Raises (from the constructor):
+        DataError: missing/empty data, features of another target or data, a missing draft vocabulary.
+        ModelError: bad target folder, pretrained drafter or checkpoint that does not fit.
+        TrainingError: a resume state that does not match this run (another draft vocabulary).
+    """
+
+    def __init__(self, settings, features: FeatureSource | None = None) -> None:
+        from draftsmith.target.embedded import embedded_dir
+
+        self.s, self.tc = settings, settings.train
+        self.paths = RunPaths(settings.runs_dir, settings.run)
+        self.dist = setup_distributed(self.tc.device)
+        torch.manual_seed(self.tc.seed)
+        self.target_path = settings.target.path or str(embedded_dir(settings.target.cache_dir))
+        self.samples = TrainSamples(self.paths.data)
+        self.features = features or self._feature_source()
+        self.d2t, self.t2d, _ = load_draft_vocab(self.paths.data, self.tc.draft_vocab_size)
+        self.vocab_hash = mapping_hash(self.d2t)
+        layer_ids = self.tc.layer_ids or self.features.layer_ids
+        if list(layer_ids) != list(self.features.layer_ids):
+            raise DataError(f"train.layer_ids {layer_ids} differ from the features' {self.features.layer_ids}",
+                            "re-extract features with these layers or drop train.layer_ids")
+        self.cfg = derive_config(self.target_path, self.tc.draft_vocab_size, layer_ids, self.tc.num_layers,
+                                 self.tc.norm_before_residual)
+        if self.features.hidden_size != self.cfg.target_hidden_size:
+            raise DataError(f"features have hidden size {self.features.hidden_size}, the target "
+                            f"{self.cfg.target_hidden_size}", "the features come from another target; re-extract")
+        self.model = Eagle3Drafter(self.cfg)
+        self.lm_head = init_from_target(self.model, self.target_path, self.d2t, self.t2d, self.tc.lm_head_init)
+        if self.tc.init_from:
+            from draftsmith.drafter.load import load_pretrained
+
+            load_pretrained(self.model, self.tc.init_from, remap=self.tc.remap_vocab)
+        self.model.to(self.dist.device)
+        self.lm_head = self.lm_head.to(self.dist.device)
+        self.train_ids, self.held_ids = self.samples.split(self.tc.eval_fraction)
+        self.lengths = {i: self.samples.samples[i].input_ids.numel() for i in self.train_ids}
+        self.objective = TTTObjective(self.model, self.tc.ttt_steps, self.tc.loss_decay)
+        self.ddp = self.objective
+        if self.dist.world > 1:
+            self.ddp = nn.parallel.DistributedDataParallel(
+                self.objective, device_ids=[self.dist.device] if self.dist.device.type == "cuda" else None)
+        self.opt = torch.optim.AdamW(self.model.trainable_parameters(), lr=self.tc.lr, betas=tuple(self.tc.betas),
+                                     weight_decay=self.tc.weight_decay)
+        per_epoch = len(self._rank_batches(0)) // self.tc.grad_accum
+        if per_epoch == 0:
+            raise DataError("fewer micro-batches per rank than train.grad_accum", "lower grad_accum or batch size")
+        self.steps_per_epoch = per_epoch
+        self.total_steps = self.tc.max_steps or per_epoch * self.tc.epochs
+        warm = int(self.tc.warmup_ratio * self.total_steps)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, warm, self.tc.min_lr_ratio))
+        self.step, self.epoch, self.position = 0, 0, 0
+        self.nan_features = 0
+        ckpt = latest_checkpoint(self.paths.checkpoints) if self.tc.resume else None
+        if ckpt is not None:
+            self._resume(ckpt)
+
+    def _feature_source(self) -> FeatureSource:
+        if self.tc.features == "stream":
+            try:
+                from draftsmith.features.stream import StreamedFeatures  # written by the extraction stage
+            except ImportError as e:
+                raise DataError("streamed features are not available in this install",
+                                "use train.features=offline with `draftsmith extract`") from e
+            return StreamedFeatures(self.s)
+        src = OfflineFeatures(self.paths.features)
+        want = self.samples.target_model
+        if want and src.target_model and want != src.target_model:
+            raise DataError(f"features come from target {src.target_model!r}, the data from {want!r}",
+                            "re-run `draftsmith extract` for this run's target")
+        return src
+
+    def _resume(self, ckpt) -> None:
+        state = json.loads((ckpt / "state.json").read_text()) if (ckpt / "state.json").is_file() else {}
+        if state.get("vocab_hash") not in (None, self.vocab_hash):
+            raise TrainingError(f"checkpoint {ckpt.name} was trained with another draft vocabulary",
+                                "train into a new run, or set train.resume=false to start over in this one")
+        state = load_training_state(ckpt, self.model, self.opt, self.sched)
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        log.info("resumed from %s: step %d, epoch %d, micro-batch %d", ckpt.name, self.step, self.epoch, self.position)
+
+    def _rank_batches(self, epoch: int) -> list[list[str]]:
+        b = make_batches(self.lengths, self.tc.batch_tokens, self.tc.batch_size, self.tc.seed, epoch)
+        n = len(b) // self.dist.world * self.dist.world  # every rank gets the same count (DDP needs lockstep)
+        return b[self.dist.rank : n : self.dist.world]
+
+    def _batch(self, ids: list[str]) -> dict[str, torch.Tensor] | None:
+        samples = [self.samples.samples[i] for i in ids]
+        feats = self.features.get(ids)
+        keep = [j for j, (a, f) in enumerate(feats) if bool(torch.isfinite(a).all() and torch.isfinite(f).all())]
+        if len(keep) < len(ids):
+            self.nan_features += len(ids) - len(keep)
+            log.warning("skipped %d sample(s) with NaN/Inf features (%d so far)", len(ids) - len(keep), self.nan_features)
+        if not keep:
+            return None
+        b = collate([samples[j] for j in keep], [feats[j] for j in keep])
+        return {k: v.to(self.dist.device) for k, v in b.items()}
+
+    def _autocast(self):
+        bf16 = self.tc.precision == "bf16" or (self.tc.precision == "auto" and self.dist.device.type == "cuda")
+        return torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def _forward(self, batch, module) -> tuple[torch.Tensor, StepStats]:
+        view = target_view(batch["final"], self.lm_head, self.model.d2t, self.model.t2d)
+        with self._autocast():
+            return module(batch, view)
+
+    @torch.no_grad()
+    def evaluate(self) -> StepStats:
+        """TTT loss/accuracy on the held-out split (summed over ranks)."""
+        self.model.eval()
+        total = StepStats()
+        mine = self.held_ids[self.dist.rank :: self.dist.world]
+        for s in range(0, len(mine), self.tc.batch_size):
+            batch = self._batch(mine[s : s + self.tc.batch_size])
+            if batch is not None:
+                total.add(self._forward(batch, self.objective)[1])
+        self.model.train()
+        k = self.tc.ttt_steps
+        t = total.as_tensor() if total.loss_sum else torch.zeros(4, k, dtype=torch.float64)
+        return StepStats.from_tensor(_all_sum(t, self.dist))
+
+    def _save(self) -> None:
+        if self.dist.main:
+            from draftsmith import metrics
+
+            save_checkpoint(self.paths.checkpoints, self.model, self.opt, self.sched, {
+                "step": self.step, "epoch": self.epoch, "position": self.position,
+                "config": self.s.model_dump(mode="json"), "drafter": self.cfg.to_dict(),
+                "vocab_hash": self.vocab_hash, "target": self.target_path}, self.tc.keep)
+            metrics.TRAIN_CHECKPOINTS.labels(self.s.run).inc()
+        if self.dist.world > 1:
+            torch.distributed.barrier()
+
+    def _report(self, interval: StepStats, tokens: float, t_int: float, t0: float, held: StepStats | None) -> None:
+        from draftsmith import metrics
+
+        run = self.s.run
+        lr = self.sched.get_last_lr()[0]
+        tps = tokens / max(t_int, 1e-9)
+        if self.dist.main:
+            log.info(progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0))
+        metrics.TRAIN_STEP.labels(run).set(self.step)
+        metrics.TRAIN_EPOCH.labels(run).set(self.epoch)
+        metrics.TRAIN_LR.labels(run).set(lr)
+        metrics.TRAIN_TOKENS_PER_S.labels(run).set(tps)
+        for split, st in (("train", interval), ("heldout", held)):
+            if st is None:
+                continue
+            for j, (l, a) in enumerate(zip(st.losses, st.accs)):
+                metrics.TRAIN_LOSS.labels(run, split, str(j)).set(l)
+                metrics.TRAIN_ACC.labels(run, split, str(j)).set(a)
+            metrics.TRAIN_ACCEPT_LEN.labels(run, split).set(st.acceptance_length)
+        if self.dist.main:
+            snap = {"stage": "train", "step": self.step, "total_steps": self.total_steps, "epoch": self.epoch,
+                    "lr": lr, "tokens_per_s": tps, "elapsed_s": time.time() - t0,
+                    "train": {"loss": interval.losses, "acc": interval.accs,
+                              "accept_len": interval.acceptance_length},
+                    "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,
+                                                          "accept_len": held.acceptance_length},
+                    "nan_feature_samples": self.nan_features,
+                    "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            atomic_write_text(self.paths.status / "train.json", json.dumps(snap, indent=2))
+
+    def run(self) -> dict[str, Any]:
+        """Train until ``max_steps`` or the last epoch; returns the final train / held-out figures.
+
+        Raises:
+            TrainingError: a NaN or Inf loss or gradient (the last good checkpoint is kept, nothing is saved).
+        """
+        from draftsmith import metrics
+
+        tc, t0 = self.tc, time.time()
+        self.model.train()
+        interval, tokens, t_int = StepStats(), 0.0, time.time()
+        held = None
+        last_train = StepStats()
+        while self.step < self.total_steps and self.epoch < max(tc.epochs, 1 if tc.max_steps is None else 10**9):
+            batches = self._rank_batches(self.epoch)
+            usable = len(batches) // tc.grad_accum * tc.grad_accum
+            while self.position < usable and self.step < self.total_steps:
+                group = batches[self.position : self.position + tc.grad_accum]
+                for m, ids in enumerate(group):
+                    batch = self._batch(ids)
+                    last = m == len(group) - 1
+                    ctx = self.ddp.no_sync() if (self.dist.world > 1 and not last) else _null()
+                    with ctx:
+                        if batch is None:
+                            continue
+                        loss, st = self._forward(batch, self.ddp)
+                        if not torch.isfinite(loss):
+                            raise TrainingError(f"loss is {loss.item()} at step {self.step}",
+                                                "the last good checkpoint is kept; lower train.lr or check features")
+                        (loss / tc.grad_accum).backward()
+                    interval.add(st)
+                    n_tok = float(batch["lengths"].sum())
+                    tokens += n_tok
+                    metrics.TRAIN_TOKENS.labels(self.s.run).inc(n_tok)
+                gnorm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), tc.grad_clip)
+                if not torch.isfinite(gnorm):
+                    raise TrainingError(f"gradient norm is {gnorm.item()} at step {self.step}",
+                                        "the last good checkpoint is kept; lower train.lr or check features")
+                metrics.TRAIN_GRAD_NORM.labels(self.s.run).set(float(gnorm))
+                self.opt.step()
+                self.sched.step()
+                self.opt.zero_grad(set_to_none=True)
+                self.step += 1
+                self.position += len(group)
+                if self.step % tc.eval_every == 0 and self.held_ids:
+                    held = self.evaluate()
+                if self.step % tc.log_every == 0 or self.step == self.total_steps:
+                    red = StepStats.from_tensor(_all_sum(interval.as_tensor(), self.dist))
+                    self._report(red, tokens * self.dist.world, time.time() - t_int, t0, held)
+                    last_train, interval, tokens, t_int = red, StepStats(), 0.0, time.time()
+                if self.step % tc.save_every == 0 and self.step < self.total_steps:
+                    self._save()
+            if self.position >= usable:
+                self.epoch, self.position = self.epoch + 1, 0
+            if tc.max_steps is None and self.epoch >= tc.epochs:
+                break
+        if interval.loss_sum:
+            last_train = StepStats.from_tensor(_all_sum(interval.as_tensor(), self.dist))
+        held = self.evaluate() if self.held_ids else None
+        self._report(last_train, 0.0, 1.0, t0, held)
+        self._save()
+        return {"step": self.step, "epoch": self.epoch,
+                "train": {"loss": last_train.losses, "acc": last_train.accs,
+                          "accept_len": last_train.acceptance_length if last_train.loss_sum else None},
+                "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,
+                                                      "accept_len": held.acceptance_length},
+                "checkpoint": str(latest_checkpoint(self.paths.checkpoints))}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False

@@ -1,0 +1,169 @@
+"""Training-time test (TTT): unroll the draft k steps and score each step against the target.
+
+Source: EAGLE-3 paper (Li et al., 2025) section 3 and SpecForge's online/offline EAGLE-3 trainers. Step ``j``
+(0-based) at row ``t`` reads the ground-truth token ``x[t+j+1]`` at position ``t+j`` with the hidden state its own
+step ``j-1`` produced at that row (``fc(aux[t])`` at step 0), and predicts ``x[t+j+2]``. Its target is the target
+model's next-token distribution at position ``t+j+1`` restricted to (and renormalised over) the draft vocabulary,
+computed from the stored post-norm ``final_hidden`` through the target's ``lm_head`` rows of the draft vocabulary.
+
+Loss: soft cross-entropy (forward KL up to a constant), averaged over rows where ``x[t+j+2]`` is target-generated
+(loss mask) and the target's full-vocabulary top-1 is in the draft vocabulary; step weights ``decay ** j``
+(0.8 in EAGLE and SpecForge). Accuracy ``acc_j`` counts every loss-masked row, so rows whose top-1 lies outside
+the draft vocabulary count as misses (the drafter can never propose them when serving). Simulated acceptance
+length of greedy chain drafting: ``1 + sum_j prod_{i<=j} acc_i`` (it includes the bonus token, like vLLM's
+mean acceptance length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class TargetView:
+    """What the loss needs from the target, per position ``t`` (for the token ``x[t+1]``).
+
+    probs: ``[B, T, N]`` target softmax over the draft vocabulary. top: ``[B, T]`` argmax draft index.
+    in_vocab: ``[B, T]`` bool, the full-vocabulary top-1 is in the draft vocabulary.
+    """
+
+    probs: torch.Tensor
+    top: torch.Tensor
+    in_vocab: torch.Tensor
+
+
+@torch.no_grad()
+def target_view(
+    final_hidden: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, chunk_rows: int = 512
+) -> TargetView:
+    """Target distribution restricted to the draft vocabulary, never materialising ``[B, T, V]`` logits.
+
+    Args:
+        final_hidden: ``[B, T, H]`` target final hidden state after its final norm.
+        lm_head: ``[V, H]`` the target's output head.
+        d2t: ``[N]`` draft-to-target offsets; t2d: ``[V]`` bool.
+        chunk_rows: rows per chunk for the full-vocabulary top-1 (``chunk_rows * V`` floats at a time).
+    """
+    B, T, H = final_hidden.shape
+    f = final_hidden.to(lm_head.dtype)
+    rows = lm_head[torch.arange(d2t.numel(), device=d2t.device) + d2t]  # [N, H]
+    logits = f @ rows.T  # [B, T, N]
+    probs = torch.softmax(logits.float(), dim=-1)  # [B, T, N]
+    flat = f.reshape(B * T, H)
+    top_full = torch.empty(B * T, dtype=torch.long, device=f.device)
+    for s in range(0, B * T, chunk_rows):
+        top_full[s : s + chunk_rows] = (flat[s : s + chunk_rows] @ lm_head.T).argmax(-1)  # [c, V] -> [c]
+    in_vocab = t2d[top_full].view(B, T)
+    return TargetView(probs=probs, top=logits.argmax(-1), in_vocab=in_vocab)
+
+
+def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
+    """``y[:, t] = x[:, t + s]`` along dim 1, zero-padded at the end (same shape as ``x``)."""
+    if s == 0:
+        return x
+    pad = torch.zeros_like(x[:, :s])
+    return torch.cat([x[:, s:], pad], dim=1)
+
+
+@dataclass
+class StepStats:
+    """Sums over a batch for each TTT step (summable across batches and ranks)."""
+
+    loss_sum: list[float] = field(default_factory=list)  # soft-CE summed over loss rows
+    loss_rows: list[float] = field(default_factory=list)  # rows in the loss (mask and in-vocab)
+    correct: list[float] = field(default_factory=list)  # draft top-1 == target top-1 (in-vocab)
+    supervised: list[float] = field(default_factory=list)  # loss-masked rows (accuracy denominator)
+
+    def add(self, other: StepStats) -> None:
+        if not self.loss_sum:
+            self.loss_sum, self.loss_rows = list(other.loss_sum), list(other.loss_rows)
+            self.correct, self.supervised = list(other.correct), list(other.supervised)
+            return
+        for a, b in ((self.loss_sum, other.loss_sum), (self.loss_rows, other.loss_rows),
+                     (self.correct, other.correct), (self.supervised, other.supervised)):
+            for i, v in enumerate(b):
+                a[i] += v
+
+    def as_tensor(self) -> torch.Tensor:
+        """``[4, k]`` float64 (for all-reduce)."""
+        return torch.tensor([self.loss_sum, self.loss_rows, self.correct, self.supervised], dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> StepStats:
+        rows = t.tolist()
+        return cls(rows[0], rows[1], rows[2], rows[3])
+
+    @property
+    def losses(self) -> list[float]:
+        return [s / max(n, 1.0) for s, n in zip(self.loss_sum, self.loss_rows)]
+
+    @property
+    def accs(self) -> list[float]:
+        return [c / max(n, 1.0) for c, n in zip(self.correct, self.supervised)]
+
+    @property
+    def acceptance_length(self) -> float:
+        return simulated_acceptance_length(self.accs)
+
+
+def simulated_acceptance_length(accs: list[float]) -> float:
+    """``1 + sum_j prod_{i<=j} acc_i`` (greedy chain; includes the bonus token). Source: eagle3.md, SpecForge."""
+    total, prod = 1.0, 1.0
+    for a in accs:
+        prod *= a
+        total += prod
+    return total
+
+
+def ttt_loss(
+    model,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    aux_hidden: torch.Tensor,
+    lengths: torch.Tensor,
+    view: TargetView,
+    k: int,
+    decay: float = 0.8,
+) -> tuple[torch.Tensor, StepStats]:
+    """Unroll ``k`` draft steps and return the weighted loss and per-step sums.
+
+    Args:
+        model: :class:`~draftsmith.drafter.model.Eagle3Drafter` (or its DDP wrapper's ``.module`` for ``step``).
+        input_ids: ``[B, T]`` target ids (right-padded). loss_mask: ``[B, T]`` (1 = token t is target-generated).
+        aux_hidden: ``[B, T, 3*H_t]``. lengths: ``[B]`` real lengths.
+        view: :func:`target_view` of the same batch.
+        k: unroll depth. decay: step weight base.
+
+    Returns:
+        ``(loss scalar, StepStats)``; the loss is ``sum_j decay**j * mean_rows(CE_j)``.
+    """
+    B, T = input_ids.shape
+    t_idx = torch.arange(T, device=input_ids.device).unsqueeze(0)  # [1, T]
+    hidden = model.fuse(aux_hidden)  # [B, T, H]
+    caches = model.new_caches()
+    total = hidden.new_zeros(())
+    stats = StepStats()
+    lmask = loss_mask.bool()
+    for j in range(k):
+        ids_j = _shift(input_ids, j + 1)  # [B, T] token x[t+j+1]
+        normed, prenorm = model.step(ids_j, hidden, j, caches)  # [B, T, H] each
+        logits = model.logits(normed).float()  # [B, T, N]
+        in_range = (t_idx + j + 2) < lengths.unsqueeze(1)  # [B, T]
+        supervised = in_range & _shift(lmask, j + 2)  # [B, T]
+        rows = supervised & _shift(view.in_vocab, j + 1)  # [B, T]
+        tgt = _shift(view.probs, j + 1)  # [B, T, N]
+        ce = -(tgt * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T]
+        n_rows = rows.sum()
+        ce_sum = (ce * rows).sum()
+        total = total + (decay**j) * ce_sum / n_rows.clamp(min=1)
+        with torch.no_grad():
+            correct = ((logits.argmax(-1) == _shift(view.top, j + 1)) & rows).sum()
+        stats.loss_sum.append(float(ce_sum.detach()))
+        stats.loss_rows.append(float(n_rows))
+        stats.correct.append(float(correct))
+        stats.supervised.append(float(supervised.sum()))
+        hidden = prenorm
+    return total, stats

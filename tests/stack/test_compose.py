@@ -1,0 +1,325 @@
+"""compose.yaml, .env.example, the Dockerfile, the target launch scripts and the Makefile's host targets.
+
+Docker cannot run here: the file is parsed and checked piece by piece, and validated offline with the Compose
+client (`docker-compose config -q`, installed by scripts/ci-system-deps.sh; no engine needed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from stack_helpers import REPO
+
+COMPOSE = REPO / "compose.yaml"
+ENV_EXAMPLE = REPO / ".env.example"
+GOOD_SECRETS = {"REDIS_PASSWORD": "3f9c1a7e5b2d4c6e8a0b1c2d", "GRAFANA_ADMIN_PASSWORD": "9b8a7c6d5e4f3a2b",
+                "TARGET_MODEL": "Kimi-K2.5"}
+GPU_SERVICES = {"target-vllm", "target-sglang", "trainer", "extractor"}
+PROJECT_SERVICES = {"generator", "extractor", "trainer", "evaluator", "queue-exporter"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    return compose["services"]
+
+
+def env_example() -> dict[str, str]:
+    out = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def interpolated_vars(text: str) -> set[str]:
+    code = "\n".join(line.split(" #")[0] for line in text.splitlines() if not line.lstrip().startswith("#"))
+    return set(re.findall(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)", code))
+
+
+def default_of(text: str, var: str) -> str | None:
+    m = re.search(r"\$\{" + var + r":-([^}]*)\}", text)
+    return m.group(1) if m else None
+
+
+def write_env(tmp_path: Path, **values: str) -> Path:
+    """.env.example with some values filled in."""
+    lines = []
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        k = line.partition("=")[0].strip()
+        lines.append(f"{k}={values[k]}" if k in values and not line.startswith("#") else line)
+    p = tmp_path / "test.env"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_services_present(services):
+    assert set(services) == {"redis", "target-vllm", "target-sglang", "generator", "extractor", "trainer",
+                             "evaluator", "queue-exporter", "pushgateway", "prometheus", "grafana"}
+    assert services["target-vllm"]["profiles"] == ["vllm"] and services["target-sglang"]["profiles"] == ["sglang"]
+
+
+def test_images_and_build_contexts_exist(services):
+    for name, svc in services.items():
+        assert "image" in svc or "build" in svc, name
+        if "build" in svc:
+            ctx = REPO / svc["build"]["context"]
+            dockerfile = ctx / svc["build"]["dockerfile"]
+            assert ctx.is_dir() and dockerfile.is_file(), (name, dockerfile)
+            text = dockerfile.read_text()
+            for src in re.findall(r"^COPY\s+(.+)\s+\S+$", text, re.M):
+                for part in src.split():
+                    assert (ctx / part).exists(), f"{dockerfile} copies missing {part}"
+            for arg in svc["build"].get("args", {}):
+                assert re.search(rf"^ARG {arg}\b", text, re.M), f"build arg {arg} not declared in {dockerfile}"
+    # the project's services share one image, CPU or CUDA torch chosen by the build arg
+    images = {services[s]["image"] for s in PROJECT_SERVICES}
+    assert images == {"${DRAFTSMITH_IMAGE:-draftsmith}:${TORCH_VARIANT:-cu128}"}
+    assert "download.pytorch.org/whl/${TORCH_VARIANT}" in (REPO / "services/base/Dockerfile").read_text()
+
+
+def test_volumes_networks_and_files(compose, services):
+    declared_volumes = set(compose["volumes"])
+    used_named = set()
+    examples = env_example()
+    for name, svc in services.items():
+        assert svc["networks"] == ["draftsmith"] or "draftsmith" in svc["networks"], name
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0] if not vol.startswith("${") else vol[: vol.index("}") + 1]
+            if src.startswith(("./", "/")):
+                assert (REPO / src).exists(), f"{name}: bind source {src} missing"
+            elif src.startswith("${"):
+                var = re.match(r"\$\{(\w+)", src).group(1)
+                assert var in examples, f"{name}: {var} not documented in .env.example"
+                assert default_of(src, var), f"{name}: {src} needs a default"
+            else:
+                used_named.add(src)
+    assert used_named == declared_volumes
+    assert set(compose["networks"]) == {"draftsmith"}
+    # the files the services mount are real and well-formed
+    for f in ("services/target/vllm-serve.sh", "services/target/sglang-serve.sh", "prometheus/prometheus.yml",
+              "grafana/provisioning/datasources/prometheus.yml", "grafana/provisioning/dashboards/draftsmith.yml"):
+        assert (REPO / f).is_file(), f
+    for f in ("services/target/vllm-serve.sh", "services/target/sglang-serve.sh"):
+        subprocess.run(["sh", "-n", str(REPO / f)], check=True)
+
+
+def test_every_variable_documented_and_used():
+    text = COMPOSE.read_text()
+    used = interpolated_vars(text)
+    examples = env_example()
+    assert used - set(examples) == set(), "variables used in compose.yaml but missing from .env.example"
+    others = (REPO / "Makefile").read_text() + (REPO / "scripts/check-secrets.sh").read_text()
+    stale = {k for k in examples if k not in used and k not in others and k != "COMPOSE_PROJECT_NAME"}
+    assert stale == set(), f".env.example documents unused variables: {stale}"
+    # every variable has a comment line above it
+    lines = ENV_EXAMPLE.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line and not line.startswith("#"):
+            j = i - 1
+            while j >= 0 and lines[j] and not lines[j].startswith("#"):
+                j -= 1
+            assert j >= 0 and lines[j].startswith("#"), f"{line.split('=')[0]} has no comment"
+
+
+def test_healthchecks_on_long_running_services(services):
+    long_running = {n for n, svc in services.items() if svc.get("restart") == "unless-stopped"}
+    assert long_running == set(services) - {"trainer", "evaluator"}  # those two are jobs that end
+    for name in long_running:
+        hc = services[name].get("healthcheck")
+        assert hc and hc["test"] and hc["interval"], f"{name} has no health check"
+    for name in ("generator", "extractor", "queue-exporter"):
+        assert "9400/metrics" in " ".join(services[name]["healthcheck"]["test"]), name
+
+
+def test_gpu_reservations(services):
+    for name, svc in services.items():
+        devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        if name in GPU_SERVICES:
+            assert devices and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"], name
+        else:
+            assert not devices, f"{name} should not reserve a GPU"
+    for name in ("target-vllm", "target-sglang"):
+        assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
+        assert services[name]["environment"]["TENSOR_PARALLEL_SIZE"] == "${TENSOR_PARALLEL_SIZE:-1}"
+        assert services[name]["networks"]["draftsmith"]["aliases"] == ["target"]
+
+
+def test_redis_password_persistence_and_localhost(services):
+    r = services["redis"]
+    cmd = " ".join(r["command"])
+    assert "--appendonly yes" in cmd and '--requirepass "$$REDIS_PASSWORD"' in cmd
+    assert r["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    assert "redis-data:/data" in r["volumes"]
+    url = services["generator"]["environment"]["DRAFTSMITH_REDIS__URL"]
+    assert url.startswith("redis://:${REDIS_PASSWORD:?") and url.endswith("@redis:6379/0")
+
+
+def test_ports_only_on_localhost(services):
+    published = 0
+    for name, svc in services.items():
+        for p in svc.get("ports", []):
+            published += 1
+            assert str(p).startswith("127.0.0.1:"), f"{name} publishes {p} beyond localhost"
+    assert published == 5  # redis, two target profiles, prometheus, grafana (pushgateway: internal only)
+    for name in PROJECT_SERVICES:
+        assert "ports" not in services[name], f"{name} must talk over the compose network only"
+
+
+def test_grafana_password_from_env_and_anonymous_off(services):
+    env = services["grafana"]["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+
+
+def test_no_secret_committed():
+    examples = env_example()
+    assert examples["REDIS_PASSWORD"] == "" and examples["GRAFANA_ADMIN_PASSWORD"] == ""
+    text = COMPOSE.read_text()
+    for m in re.finditer(r"^\s*[A-Z_]*(PASSWORD|TOKEN|SECRET|API_KEY)[A-Z_]*:\s*(\S+)", text, re.M):
+        assert m.group(2).startswith("${"), f"literal secret in compose.yaml: {m.group(0)}"
+    assert "requirepass" in text and not re.search(r"requirepass\s+[A-Za-z0-9]", text)
+    out = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=REPO)
+    assert out.returncode == 0, ".env must be git-ignored"
+    assert not (REPO / ".env").exists() or out.returncode == 0
+
+
+def test_generator_command_and_env_are_the_config(services, monkeypatch):
+    from draftsmith.config import MetricsConfig, load_settings
+
+    gen = services["generator"]
+    assert gen["command"] == ["draftsmith", "worker", "--queues", "generate", "--processes",
+                              "${GENERATOR_PROCESSES:-4}", "--concurrency", "${GENERATOR_CONCURRENCY:-128}"]
+    assert "replicas" not in gen.get("deploy", {}) and "container_name" not in gen  # scalable with --scale
+    assert MetricsConfig().port == 9400
+    env = gen["environment"]
+    assert env["DRAFTSMITH_TARGET__URL"] == "http://target:8000" and env["DRAFTSMITH_METRICS__PORT"] == "9400"
+    # every DRAFTSMITH_* variable a service gets is a real config key with a valid value
+    for name in PROJECT_SERVICES:
+        with monkeypatch.context() as mp:
+            for k, v in services[name]["environment"].items():
+                if k.startswith("DRAFTSMITH_"):
+                    v = re.sub(r"\$\{(\w+):[?-]([^}]*)\}", lambda m: GOOD_SECRETS.get(m.group(1), m.group(2)), v)
+                    mp.setenv(k, v)
+            s = load_settings()
+            assert s.redis.url == f"redis://:{GOOD_SECRETS['REDIS_PASSWORD']}@redis:6379/0"
+            assert str(s.runs_dir) == "/runs" and s.metrics.port == 9400 and s.target.url == "http://target:8000"
+            if name == "evaluator":
+                assert s.eval.pushgateway_url == "http://pushgateway:9091"
+
+
+def test_commands_are_registered_cli_commands(services):
+    import typer.main
+
+    from draftsmith.cli import app
+
+    names = {c.name for c in typer.main.get_command(app).commands.values()}
+    for name in PROJECT_SERVICES:
+        cmd = services[name]["command"]
+        assert cmd[0] == "draftsmith" and cmd[1] in names, f"{name}: `draftsmith {cmd[1]}` is not a command"
+
+
+def _compose_cli() -> list[str]:
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    pytest.fail("no Compose client: run scripts/ci-system-deps.sh (installs docker-compose)")
+
+
+def test_compose_config_validates_offline(tmp_path):
+    cli = _compose_cli()
+    env = write_env(tmp_path, **GOOD_SECRETS)
+    clean = {k: v for k, v in os.environ.items() if k not in GOOD_SECRETS}
+    for profiles in ([], ["--profile", "vllm"], ["--profile", "sglang", "--profile", "train", "--profile", "eval"]):
+        out = subprocess.run([*cli, "-f", str(COMPOSE), "--env-file", str(env), *profiles, "config", "-q"],
+                             capture_output=True, text=True, env=clean, cwd=REPO)
+        assert out.returncode == 0, out.stderr
+    # without the secrets Compose itself refuses, naming the variable
+    out = subprocess.run([*cli, "-f", str(COMPOSE), "--env-file", str(ENV_EXAMPLE), "config", "-q"],
+                         capture_output=True, text=True, env=clean, cwd=REPO)
+    assert out.returncode != 0 and "REDIS_PASSWORD" in out.stderr
+
+
+def test_make_refuses_without_secrets_naming_them(tmp_path):
+    clean = {k: v for k, v in os.environ.items() if k not in GOOD_SECRETS}
+    for target in ("up", "enqueue", "scale"):
+        out = subprocess.run(["make", "-s", target, f"ENV_FILE={ENV_EXAMPLE}"], cwd=REPO, capture_output=True,
+                             text=True, env=clean)
+        assert out.returncode == 2, (target, out.stdout, out.stderr)
+        assert "REDIS_PASSWORD GRAFANA_ADMIN_PASSWORD TARGET_MODEL" in out.stderr
+    weak = write_env(tmp_path, REDIS_PASSWORD="changeme", GRAFANA_ADMIN_PASSWORD="admin", TARGET_MODEL="m")
+    out = subprocess.run(["make", "-s", "up", f"ENV_FILE={weak}"], cwd=REPO, capture_output=True, text=True, env=clean)
+    assert out.returncode == 2 and "weak secrets" in out.stderr and "GRAFANA_ADMIN_PASSWORD" in out.stderr
+    out = subprocess.run(["make", "-s", "up", "ENV_FILE=/nonexistent/.env"], cwd=REPO, capture_output=True,
+                         text=True, env=clean)
+    assert out.returncode == 2 and "cp .env.example" in out.stderr
+    good = write_env(tmp_path, **GOOD_SECRETS)
+    dry = subprocess.run(["make", "-n", "up", "scale", "N=3", "ENGINE=sglang", f"ENV_FILE={good}"], cwd=REPO,
+                         capture_output=True, text=True, env=clean)
+    assert dry.returncode == 0
+    assert f"docker compose -p draftsmith --env-file {good} -f compose.yaml --profile sglang up -d --build" in dry.stdout
+    assert "--scale generator=3" in dry.stdout
+    ok = subprocess.run(["scripts/check-secrets.sh", str(good)], cwd=REPO, capture_output=True, text=True, env=clean)
+    assert ok.returncode == 0, ok.stderr
+
+
+def _run_launch_script(tmp_path: Path, script: str, drafter: bool) -> list[str]:
+    """Run a target launch script with a stand-in ``python3`` that prints its argv: the official engine images
+    cannot run here, so this checks only the command line the script builds."""
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "python3").write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    (stub / "python3").chmod(0o755)
+    models = tmp_path / "models" / "T"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / "config.json").write_text("{}")
+    draft = tmp_path / "draft"
+    draft.mkdir(exist_ok=True)
+    (draft / "config.json").write_text("{}")
+    text = (REPO / "services/target" / script).read_text().replace("/models/", f"{tmp_path}/models/")
+    (tmp_path / script).write_text(text)
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "TARGET_MODEL": "T", "SERVED_MODEL_NAME": "kimi",
+           "TENSOR_PARALLEL_SIZE": "8", "MAX_MODEL_LEN": "8192", "NUM_SPECULATIVE_TOKENS": "3",
+           "DRAFTER_DIR": str(draft) if drafter else "", "TARGET_EXTRA_ARGS": "--foo 1"}
+    out = subprocess.run(["sh", str(tmp_path / script)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_vllm_launch_script(tmp_path):
+    import json
+
+    argv = _run_launch_script(tmp_path, "vllm-serve.sh", drafter=True)
+    assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8" and argv[-2:] == ["--foo", "1"]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": str(tmp_path / "draft"), "num_speculative_tokens": 3}
+    assert "--speculative-config" not in _run_launch_script(tmp_path, "vllm-serve.sh", drafter=False)
+
+
+def test_sglang_launch_script(tmp_path):
+    argv = _run_launch_script(tmp_path, "sglang-serve.sh", drafter=True)
+    assert argv[:2] == ["-m", "sglang.launch_server"] and "--enable-metrics" in argv
+    assert argv[argv.index("--tp-size") + 1] == "8"
+    assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert argv[argv.index("--speculative-num-steps") + 1] == "3"
+    assert argv[argv.index("--speculative-eagle-topk") + 1] == "1"
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
+
+
+def test_launch_script_refuses_missing_model(tmp_path):
+    out = subprocess.run(["sh", str(REPO / "services/target/vllm-serve.sh")], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "TARGET_MODEL": "no-such-model"})
+    assert out.returncode == 2 and "/models/no-such-model" in out.stderr and "docs/gpu-host.md" in out.stderr
