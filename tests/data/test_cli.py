@@ -8,9 +8,8 @@ import time
 import httpx
 import pytest
 from conftest import write_records
-from typer.testing import CliRunner
-
 from draftsmith.cli import app
+from typer.testing import CliRunner
 
 SMOL = "SmolLM2-135M-Instruct"
 

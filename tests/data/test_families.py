@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 from conftest import TEMPLATES, make_record
-
 from draftsmith.data.render import ChatRenderer, SampleSkip, end_of_turn_ids, load_tokenizer
 from draftsmith.data.validate import validate_sample
 
@@ -91,7 +90,7 @@ def test_reasoning_record(renderers, family):
         return
     assert r.reasoning_mode == "field"
     sample = _check_pinned(r, rec, header, gen, REASONING_PROMPT_END.get(family))
-    assert R in r.tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m])
+    assert R in r.tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
 
 
 def test_qwen3_first_supervised_token_is_think(renderers):
@@ -112,8 +111,8 @@ def test_history_drops_reasoning_so_turns_split(renderers, family):
     assert len(samples) == 2
     for k, s in enumerate(samples):
         assert [sp.turn for sp in s.spans] == [k]
-        sup = r.tok.decode([t for t, m in zip(s.input_ids, s.loss_mask) if m])
-        assert ["3 + 4 = 7.", "2 + 3 = 5."][k - 1] in sup
+        sup = r.tok.decode([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m])
+        assert [R, "3 + 4 = 7."][k] in sup
     # the second sample's context holds turn 1 as the template renders history
     assert "The answer is 5." in r.tok.decode(samples[1].input_ids[: samples[1].spans[0].start])
 

@@ -7,7 +7,6 @@ import copy
 
 import pytest
 from conftest import TEMPLATES, make_record, write_records
-
 from draftsmith.config import DataConfig
 from draftsmith.data.build import build_data
 from draftsmith.data.render import ChatRenderer, end_of_turn_ids, load_tokenizer

@@ -6,10 +6,16 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from draftsmith.data.vocab import build_draft_vocab, count_tokens, data_hash, load_counts, save_counts, write_draft_vocab
+from draftsmith.data.vocab import (
+    build_draft_vocab,
+    count_tokens,
+    data_hash,
+    load_counts,
+    save_counts,
+    write_draft_vocab,
+)
 from draftsmith.errors import DataError
+from safetensors.torch import load_file
 
 
 def test_top_n_offsets_round_trip():

@@ -13,6 +13,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ class _ShardWriter:
             self.flush(vocab_size)
 
     def flush(self, vocab_size: int) -> None:
+        import numpy as np
         import torch
         from safetensors.torch import save
 
@@ -80,9 +82,11 @@ class _ShardWriter:
 
         if not self.buf:
             return
-        ids = torch.tensor([t for _, s in self.buf for t in s.input_ids], dtype=torch.int32)  # [T_total]
-        mask = torch.tensor([m for _, s in self.buf for m in s.loss_mask], dtype=torch.uint8)  # [T_total]
         lengths = [len(s.input_ids) for _, s in self.buf]
+        total = sum(lengths)
+        ids = torch.from_numpy(np.fromiter(chain.from_iterable(s.input_ids for _, s in self.buf), np.int32, total))
+        mask = torch.from_numpy(np.fromiter(chain.from_iterable(s.loss_mask for _, s in self.buf), np.uint8, total))
+        # ids, mask: [T_total]
         offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)  # [S+1]
         offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
         c = count_tokens(ids, mask, vocab_size)

@@ -177,9 +177,16 @@ class ChatRenderer:
         return "none"
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of rendered texts, as vLLM tokenizes a chat prompt (no extra special tokens)."""
+        """Token ids of rendered texts, as vLLM tokenizes a chat prompt (no extra special tokens).
+
+        Uses the Rust backend (``backend_tokenizer.encode_batch``) directly when there is one: the same ids as
+        ``tokenizer(texts, add_special_tokens=False)`` without building a ``BatchEncoding``.
+        """
         if not texts:
             return []
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        if backend is not None:
+            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
         return self.tok(texts, add_special_tokens=False)["input_ids"]
 
     # ---- one record --------------------------------------------------------------------------------------------
