@@ -63,6 +63,7 @@ from draftsmith.cli import data  # noqa: E402,F401
 from draftsmith.cli import extract  # noqa: E402,F401
 from draftsmith.cli import eval  # noqa: E402,F401
 from draftsmith.cli import stack  # noqa: E402,F401
+from draftsmith.cli import demo  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,24 @@
+"""``draftsmith demo``: the main job end to end on the embedded default (``make demo``)."""
+
+from __future__ import annotations
+
+import typer
+
+from draftsmith.cli import app, settings
+
+
+@app.command()
+def demo(
+    run: str = typer.Option("demo", "--run", help="Run name (everything under runs/<run>/)."),
+    size: str = typer.Option("default", "--size", help="small (CI, < 10 min) or default (< 45 min)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Delete the run and start over."),
+) -> None:
+    """Prepare and serve SmolLM2 on vLLM CPU, regenerate the bundled prompts, build data, extract, train,
+    export and evaluate the drafter in vLLM; resumes finished stages."""
+    from draftsmith.demo import SIZES, Demo
+    from draftsmith.errors import ConfigError
+
+    if size not in SIZES:
+        raise ConfigError(f"unknown demo size {size!r}", f"use one of: {', '.join(SIZES)}")
+    s = settings(run=run)
+    Demo(s, SIZES[size], say=lambda m: typer.echo(m)).run(fresh=fresh)

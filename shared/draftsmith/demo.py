@@ -1,0 +1,289 @@
+"""The main job end to end on the embedded default: prompts -> drafter -> acceptance in vLLM, one command.
+
+Stages run in order, each as its own ``draftsmith <stage>`` command (the same ones a user runs by hand), with the
+run's config written to ``runs/<run>/demo-config.yaml``. ``runs/<run>/demo.json`` records finished stages and their
+durations: running the demo again resumes at the first unfinished stage; ``--fresh`` starts over. A stage that
+prints nothing for 10 s gets a heartbeat line with its status snapshot, so nothing is silent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from draftsmith.config import Settings
+from draftsmith.errors import DraftsmithError
+from draftsmith.log import get_logger
+from draftsmith.paths import RunPaths, atomic_write_text
+
+log = get_logger(__name__)
+REPO_DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """One demo scale: prompts per bundled pool, and the config the stages run with."""
+
+    name: str
+    pools: dict[str, int]
+    config: dict[str, Any]
+    eager: bool
+    workers: int = 2
+
+
+SIZES: dict[str, DemoSize] = {
+    # CI: a few dozen prompts and a short training; under 10 minutes here
+    "small": DemoSize(
+        name="small",
+        pools={"gsm8k_train.jsonl": 24, "self_instruct_seed_tasks.jsonl": 12, "user_oriented_instructions.jsonl": 12},
+        config={
+            "generation": {"max_tokens": 128, "batch_size": 8, "concurrency": 32},
+            "data": {"max_length": 512, "draft_vocab_size": 4096},
+            "train": {"draft_vocab_size": 4096, "epochs": 8, "lr": 5e-4, "batch_size": 8, "batch_tokens": 4096,
+                      "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
+            "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 2, "max_tokens": 64,
+                     "concurrency": 4, "k": 3},
+        },
+        eager=True,
+    ),
+    # the best drafter the 45-minute budget allows on 2 CPU cores
+    "default": DemoSize(
+        name="default",
+        pools={"gsm8k_train.jsonl": 600, "self_instruct_seed_tasks.jsonl": 175, "user_oriented_instructions.jsonl": 252},
+        config={
+            "generation": {"max_tokens": 384, "batch_size": 16, "concurrency": 64},
+            "data": {"max_length": 1024, "draft_vocab_size": 8192},
+            "train": {"draft_vocab_size": 8192, "epochs": 3, "lr": 5e-4, "batch_size": 8, "batch_tokens": 4096,
+                      "eval_every": 100, "log_every": 10, "save_every": 200, "warmup_ratio": 0.03},
+            "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 10, "max_tokens": 128,
+                     "concurrency": 4, "k": 3},
+        },
+        eager=False,
+    ),
+}
+
+STAGES = ("prepare", "serve", "generate", "build-data", "extract", "train", "export", "eval")
+
+
+class Demo:
+    """Runs the stages of one demo run and keeps its state in ``runs/<run>/demo.json``."""
+
+    def __init__(self, s: Settings, size: DemoSize, say: Callable[[str], None] = print) -> None:
+        self.s = s
+        self.size = size
+        self.say = say
+        self.paths = RunPaths(s.runs_dir, s.run)
+        self.state_file = self.paths.root / "demo.json"
+        self.config_file = self.paths.root / "demo-config.yaml"
+        self.server = None
+        self.url: str | None = None
+
+    # ---- state
+    def load_state(self) -> dict[str, Any]:
+        if self.state_file.exists():
+            st = json.loads(self.state_file.read_text())
+            if st.get("size") != self.size.name:
+                raise DraftsmithError(
+                    f"run {self.s.run} was started with DEMO_SIZE={st.get('size')}, not {self.size.name}",
+                    "use the same size, or start over with FRESH=1 (make demo FRESH=1)")
+            return st
+        return {"size": self.size.name, "stages": {}}
+
+    def save_state(self, st: dict[str, Any]) -> None:
+        atomic_write_text(self.state_file, json.dumps(st, indent=1))
+
+    def write_config(self) -> None:
+        cfg = {"runs_dir": str(Path(self.s.runs_dir).resolve()), "run": self.s.run,
+               "redis": self.s.redis.model_dump(mode="json"), **self.size.config}
+        cfg["target"] = {"cache_dir": str(self.s.target.cache_dir), **self.size.config.get("target", {})}
+        atomic_write_text(self.config_file, yaml.safe_dump(cfg, sort_keys=False))
+
+    # ---- running commands
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
+        env["DRAFTSMITH_CONFIG"] = str(self.config_file)
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.url:
+            env["DRAFTSMITH_TARGET__URL"] = self.url
+        return env
+
+    def run_cmd(self, stage: str, args: list[str]) -> None:
+        """Run ``draftsmith <args>``, streaming its output; heartbeat after 10 s of silence.
+
+        Raises:
+            DraftsmithError: the command failed (its exit code and the command are named).
+        """
+        cmd = [sys.executable, "-m", "draftsmith", *args]
+        proc = subprocess.Popen(cmd, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                bufsize=1)
+        last = [time.time()]
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                last[0] = time.time()
+                self.say(f"  {line.rstrip()}")
+
+        t = threading.Thread(target=pump, daemon=True)
+        t.start()
+        t0 = time.time()
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if time.time() - last[0] >= 10:
+                last[0] = time.time()
+                self.say(f"  ... {stage} running for {time.time() - t0:.0f} s{self.snapshot_hint(stage)}")
+        t.join(timeout=5)
+        if proc.returncode != 0:
+            raise DraftsmithError(f"stage {stage} failed: `draftsmith {' '.join(args)}` exited with {proc.returncode}",
+                                  "fix what its output says, then run `make demo` again: finished stages are kept")
+
+    def snapshot_hint(self, stage: str) -> str:
+        name = {"build-data": "data"}.get(stage, stage)
+        for cand in (name, stage):
+            p = self.paths.status / f"{cand}.json"
+            if p.exists():
+                try:
+                    return f" | {json.loads(p.read_text()).get('line', '')}"
+                except ValueError:
+                    return ""
+        return ""
+
+    # ---- stages
+    def stage_prepare(self) -> None:
+        self.run_cmd("prepare", ["target", "prepare"])
+
+    def start_server(self) -> None:
+        from draftsmith.target.embedded import embedded_dir
+        from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
+
+        spec = VLLMServerSpec(model=embedded_dir(self.s.target.cache_dir), served_name="SmolLM2-135M-Instruct",
+                              port=free_port(), dtype=self.s.target.dtype, max_model_len=self.s.target.max_model_len,
+                              kv_cache_gib=self.s.target.kv_cache_gib, enforce_eager=self.size.eager)
+        self.server = VLLMServer(spec, self.paths.logs / "vllm-target.log")
+        self.server.start(timeout_s=self.s.target.startup_timeout_s)
+        self.url = self.server.url
+
+    def stage_generate(self) -> None:
+        from draftsmith.config import load_settings
+        from draftsmith.generation.enqueue import enqueue
+
+        s = load_settings(self.config_file, {"target": {"url": self.url}})
+        for pool, n in self.size.pools.items():
+            enqueue(s, str(REPO_DATA / "prompts" / pool), n, s.generation.batch_size,
+                    say=lambda m: self.say(f"  {m}"))
+        self.run_cmd("generate", ["worker", "--burst", "--processes", str(self.size.workers), "--metrics-port", "0"])
+        from draftsmith.generation.progress import snapshot
+        from draftsmith.queues import connect
+
+        snap = snapshot(connect(s.redis.url), s.redis.prefix, self.paths.root)
+        self.say(f"  generation: {snap.line()}")
+        if snap.done < snap.total:
+            raise DraftsmithError(f"generation finished with {snap.total - snap.done} prompts without a record",
+                                  "run `make demo` again: it re-enqueues what is missing")
+
+    def stage_build_data(self) -> None:
+        self.run_cmd("build-data", ["build-data", "--run", self.s.run])
+
+    def stage_extract(self) -> None:
+        self.run_cmd("extract", ["extract", "--run", self.s.run, "--sync"])
+
+    def stage_train(self) -> None:
+        self.run_cmd("train", ["train", "--run", self.s.run])
+
+    def stage_export(self) -> None:
+        self.run_cmd("export", ["export", "--run", self.s.run, "--format", "both"])
+
+    def stage_eval(self) -> None:
+        args = ["eval", "--run", self.s.run, "--engine", "vllm"]
+        if self.url:
+            args += ["--baseline-url", self.url]
+        self.run_cmd("eval", args)
+
+    # ---- the whole job
+    def run(self, fresh: bool = False) -> dict[str, Any]:
+        """Run every unfinished stage; returns the final state (stage durations) and prints the report."""
+        if fresh and self.paths.root.exists():
+            self.say(f"FRESH: removing {self.paths.root}")
+            shutil.rmtree(self.paths.root)
+        self.paths.ensure(self.paths.logs)
+        st = self.load_state()
+        self.write_config()
+        todo = [x for x in STAGES if not st["stages"].get(x, {}).get("done")]
+        need_server = any(x in todo for x in ("generate", "eval"))
+        t_all = time.time()
+        try:
+            for stage in STAGES:
+                if stage == "serve":
+                    if need_server:
+                        self._timed(st, "serve", self.start_server, record=False)
+                    continue
+                if stage not in todo:
+                    self.say(f"== {stage}: done earlier ({st['stages'][stage]['seconds']:.0f} s), skipped")
+                    continue
+                self._timed(st, stage, getattr(self, "stage_" + stage.replace("-", "_")))
+        finally:
+            if self.server:
+                self.say("== stopping the target server")
+                self.server.stop()
+        st["total_seconds"] = time.time() - t_all
+        self.save_state(st)
+        self.report(st)
+        return st
+
+    def _timed(self, st: dict[str, Any], stage: str, fn: Callable[[], None], record: bool = True) -> None:
+        self.say(f"== {stage}: start ({time.strftime('%H:%M:%S')})")
+        t0 = time.time()
+        fn()
+        dt = time.time() - t0
+        self.say(f"== {stage}: done in {dt:.0f} s")
+        if record:
+            st["stages"][stage] = {"done": True, "seconds": round(dt, 1), "finished_at": time.time()}
+            self.save_state(st)
+
+    def report(self, st: dict[str, Any]) -> None:
+        """Print acceptance per set, speedup, artifacts and stage timings."""
+        rep_file = self.paths.eval / "report.json"
+        self.say("")
+        self.say(f"==================== draftsmith demo report (size {self.size.name}) ====================")
+        if rep_file.exists():
+            rep = json.loads(rep_file.read_text())
+            for eng in rep.get("results", []):
+                self.say(f"engine {eng.get('engine')}  k={eng.get('k')}  temperature={eng.get('temperature')}")
+                self.say(f"  {'set':<12} {'accept len':>10} {'accept rate':>11} {'tok/s':>8} {'base tok/s':>10} {'speedup':>8}")
+                sets = dict(eng.get("sets", {}))
+                if "overall" in eng:
+                    sets["overall"] = eng["overall"]
+                for name, m in sets.items():
+                    self.say(f"  {name:<12} {_f(m.get('mean_acceptance_length'), '.2f'):>10} "
+                             f"{_f(m.get('acceptance_rate'), '.1%'):>11} {_f(m.get('output_tokens_per_s'), '.1f'):>8} "
+                             f"{_f(m.get('baseline_output_tokens_per_s'), '.1f'):>10} {_f(m.get('speedup'), '.2f'):>8}")
+            self.say("  (acceptance length = 1 + accepted / drafts, bonus token counted; rate = accepted / drafted)")
+        else:
+            self.say("no eval report yet")
+        self.say("artifacts:")
+        for label, p in (("records", self.paths.records), ("training data", self.paths.data),
+                         ("features", self.paths.features), ("checkpoints", self.paths.checkpoints),
+                         ("drafter (EAGLE-3 layout)", self.paths.export / "eagle3"),
+                         ("drafter (speculators layout)", self.paths.export / "speculators"),
+                         ("eval report", self.paths.eval), ("logs", self.paths.logs)):
+            self.say(f"  {label:<30} {p}{'' if p.exists() else '  (missing)'}")
+        self.say("stage timings:")
+        for stage in STAGES:
+            if stage in st["stages"]:
+                self.say(f"  {stage:<12} {st['stages'][stage]['seconds']:>8.0f} s")
+        self.say(f"  {'total':<12} {st.get('total_seconds', 0):>8.0f} s (this invocation)")
+
+
+def _f(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
