@@ -20,13 +20,12 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
-
 from draftsmith.config import load_settings
 from draftsmith.features.hf import plan_batches
 from draftsmith.features.jobs import extract_shard, get_extractor
 from draftsmith.features.plan import make_plan, read_data_shard
 from draftsmith.target.embedded import embedded_dir
+from safetensors.torch import save_file
 
 
 def write_data(run_dir: Path, target: Path, samples: int, length: int, shard_samples: int, seed: int = 0) -> None:
@@ -43,7 +42,9 @@ def write_data(run_dir: Path, target: Path, samples: int, length: int, shard_sam
         save_file({"input_ids": ids, "loss_mask": torch.ones(sum(lens), dtype=torch.uint8), "offsets": off}, str(f))
         shards.append({"file": f.name, "sample_ids": [f"s{si + k}" for k in range(len(lens))], "lengths": lens,
                        "sha256": hashlib.sha256(f.read_bytes()).hexdigest()})
-    tok_sha = hashlib.sha256((target / "tokenizer.json").read_bytes()).hexdigest()
+    from draftsmith.data.render import load_tokenizer, tokenizer_sha256
+
+    tok_sha = tokenizer_sha256(load_tokenizer(target), target)
     (data / "manifest.json").write_text(json.dumps({
         "schema": "draftsmith.data/1", "tokenizer": {"path": str(target), "sha256": tok_sha},
         "target_model": target.name, "max_length": length, "shards": shards, "config": {}}))

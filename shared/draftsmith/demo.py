@@ -48,7 +48,7 @@ SIZES: dict[str, DemoSize] = {
         name="small",
         pools={"gsm8k_train.jsonl": 24, "self_instruct_seed_tasks.jsonl": 12, "user_oriented_instructions.jsonl": 12},
         config={
-            "generation": {"max_tokens": 128, "batch_size": 8, "concurrency": 32},
+            "generation": {"max_tokens": 128, "batch_size": 16, "concurrency": 48},
             "data": {"max_length": 512, "draft_vocab_size": 4096},
             "train": {"draft_vocab_size": 4096, "epochs": 8, "lr": 5e-4, "batch_size": 8, "batch_tokens": 4096,
                       "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
@@ -56,6 +56,7 @@ SIZES: dict[str, DemoSize] = {
                      "concurrency": 4, "k": 3},
         },
         eager=True,
+        workers=3,
     ),
     # the best drafter the 45-minute budget allows on 2 CPU cores
     "default": DemoSize(
@@ -149,6 +150,14 @@ class Demo:
                                   "fix what its output says, then run `make demo` again: finished stages are kept")
 
     def snapshot_hint(self, stage: str) -> str:
+        if stage == "generate":
+            try:
+                from draftsmith.generation.progress import snapshot
+                from draftsmith.queues import connect
+
+                return " | " + snapshot(connect(self.s.redis.url), self.s.redis.prefix, self.paths.root).line()
+            except DraftsmithError:
+                return ""
         name = {"build-data": "data"}.get(stage, stage)
         for cand in (name, stage):
             p = self.paths.status / f"{cand}.json"

@@ -102,3 +102,36 @@ def test_seed_bug_unwrapped_reasoning_is_caught(tmp_path):
     write_records(tmp_path / "records", [seed_rec, good])
     with pytest.raises(DataError, match="not token-exact"):
         build_data(tmp_path / "records", tmp_path / "data", folder, DataConfig(), "m")
+
+
+def _retokenized_records():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "smollm2_retokenized.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_real_non_canonical_tokenizations_supervise_the_generated_ids(smol):
+    """Recorded from the real server (demo run, 128-token cap): SmolLM2 generated token sequences that re-tokenizing
+    its own text does not reproduce (a cut multi-byte character, merges that differ). Same text: the sample carries
+    the ids the target generated, flagged, not a mismatch."""
+    recs = _retokenized_records()
+    assert len(recs) == 4
+    for rec in recs:
+        gen = rec["turns"][0]["token_ids"]
+        canonical = smol.encode([rec["messages"][-1]["content"]])[0]
+        assert canonical != gen  # really non-canonical
+        (s,) = smol.render(rec)
+        sp = s.spans[0]
+        assert s.input_ids[sp.start : sp.end] == gen and sum(s.loss_mask[sp.start : sp.end]) == len(gen)
+        assert "retokenized" in s.flags and validate_sample(s, smol.tok) == []
+
+
+def test_different_text_is_still_a_mismatch_after_retokenization_check(smol):
+    rec = copy.deepcopy(_retokenized_records()[0])
+    ids = rec["turns"][0]["token_ids"]
+    ids[5] = ids[5] + 1  # one token of another text
+    (s,) = smol.render(rec)
+    (mm,) = validate_sample(s, smol.tok)
+    assert mm.position == 5 and "retokenized" not in s.flags

@@ -33,10 +33,10 @@ def render(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
 
 def build_data(run_dir: Path, target: Path, shard_sizes=(3, 2)) -> dict:
     """Write ``run_dir/data`` (samples-*.safetensors + manifest.json) and return the manifest."""
+    from draftsmith.data.render import load_tokenizer, tokenizer_sha256
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(target))
+    tok = load_tokenizer(target)
     convs = json.loads((FIXTURES / "conversations.json").read_text())
     data = run_dir / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -59,7 +59,7 @@ def build_data(run_dir: Path, target: Path, shard_sizes=(3, 2)) -> dict:
                        "sha256": hashlib.sha256(f.read_bytes()).hexdigest()})
     manifest = {
         "schema": "draftsmith.data/1",
-        "tokenizer": {"path": str(target), "sha256": hashlib.sha256((target / "tokenizer.json").read_bytes()).hexdigest()},
+        "tokenizer": {"path": str(target), "sha256": tokenizer_sha256(tok, target)},  # the data stage's own hash
         "target_model": "SmolLM2-135M-Instruct",
         "max_length": 2048,
         "shards": shards,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from draftsmith.features.hf import HFExtractor, plan_batches
 
 

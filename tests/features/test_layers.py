@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from draftsmith.errors import ConfigError
 from draftsmith.features.layers import default_layer_ids, hf_hidden_index, parse_layer_ids, vllm_aux_ids
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import redis
+from draftsmith.features.queue import enqueue_shards, job_id
 from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
-
-from draftsmith.features.queue import enqueue_shards, job_id
 
 
 def test_enqueue_then_rq_worker_extracts(data_run, make_settings, redis_url):

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from draftsmith.features.jobs import extract_job, extract_shard, get_extractor
 from draftsmith.features.plan import make_plan, read_data_shard
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 

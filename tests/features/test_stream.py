@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import torch
-from safetensors.torch import load_file
-
 from draftsmith.features.jobs import extract_job
 from draftsmith.features.stream import FeatureStream
+from safetensors.torch import load_file
 
 
 def test_streamed_equals_stored(data_run, make_settings):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from draftsmith.features.plan import make_plan, read_data_shard
 from draftsmith.features.vllm_backend import engine_configs
 

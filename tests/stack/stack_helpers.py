@@ -34,9 +34,8 @@ def promql_metric_names(expr: str) -> set[str]:
 
 def project_metric_names() -> set[str]:
     """Every sample name draftsmith's metrics module can expose (``_total``, ``_bucket``... included)."""
-    from prometheus_client.metrics import MetricWrapperBase
-
     import draftsmith.metrics as M
+    from prometheus_client.metrics import MetricWrapperBase
 
     suffixes = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_count", "_sum", "_created"],
                 "gauge": [""], "summary": ["_count", "_sum", "_created"]}

@@ -221,7 +221,6 @@ def test_generator_command_and_env_are_the_config(services, monkeypatch):
 
 def test_commands_are_registered_cli_commands(services):
     import typer.main
-
     from draftsmith.cli import app
 
     names = {c.name for c in typer.main.get_command(app).commands.values()}

@@ -25,9 +25,9 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from stack_helpers import concrete, dashboard_queries, promql_metric_names
-
+import redis as redis_lib
 from draftsmith.target.server import free_port
+from stack_helpers import concrete, dashboard_queries, promql_metric_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 DRAFTSMITH = str(Path(sys.executable).with_name("draftsmith"))
@@ -76,12 +76,32 @@ def _range(prom: str, expr: str, start: float, end: float) -> list[dict]:
     return body["data"]["result"]
 
 
-def test_dashboard_queries_return_data_from_live_sources(vllm_server, redis_url, tmp_path):
+@pytest.fixture
+def private_redis(tmp_path):
+    """URL of a redis-server of this test's own, on a free port: the run takes minutes, and other tests flush the
+    shared test database meanwhile (the jobs of a run vanished that way)."""
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            if redis_lib.Redis.from_url(url).ping():
+                break
+        except redis_lib.ConnectionError:
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_dashboard_queries_return_data_from_live_sources(vllm_server, private_redis, tmp_path):
     prometheus = shutil.which("prometheus")
     assert prometheus, "Prometheus missing: run scripts/ci-system-deps.sh (apt-get install prometheus)"
     run = f"stack-{uuid.uuid4().hex[:6]}"
     prefix = f"stacktest-{uuid.uuid4().hex[:6]}"
-    env = {**os.environ, "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": prefix,
+    env = {**os.environ, "DRAFTSMITH_REDIS__URL": private_redis, "DRAFTSMITH_REDIS__PREFIX": prefix,
            "DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs"), "DRAFTSMITH_METRICS__MULTIPROC_DIR": str(tmp_path / "mp"),
            "DRAFTSMITH_TARGET__URL": vllm_server}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 import uuid
+import zlib
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
-from prometheus_client.parser import text_string_to_metric_families
-
 from draftsmith.queue_exporter import collect
 from draftsmith.queues import connect, get_queue
 from draftsmith.target.server import free_port
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @pytest.fixture
@@ -28,6 +29,9 @@ def test_collect_counts_waiting_and_failed_jobs(redis_url, prefix):
     q = get_queue(client, prefix, "generate")
     for i in range(3):
         q.enqueue("draftsmith.no_such_function", i, job_id=f"{prefix}-{i}")
+    # job payloads in Redis are JSON (rq's JSONSerializer), never pickle
+    raw = zlib.decompress(client.hget(f"rq:job:{prefix}-0", "data"))
+    assert json.loads(raw)[0] == "draftsmith.no_such_function"
     job = q.fetch_job(f"{prefix}-2")
     q.remove(job)
     job.set_status("failed")

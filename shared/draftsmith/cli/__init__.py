@@ -61,6 +61,7 @@ from draftsmith.cli import target  # noqa: E402,F401
 from draftsmith.cli import generate  # noqa: E402,F401
 from draftsmith.cli import data  # noqa: E402,F401
 from draftsmith.cli import extract  # noqa: E402,F401
+from draftsmith.cli import train  # noqa: E402,F401
 from draftsmith.cli import eval  # noqa: E402,F401
 from draftsmith.cli import stack  # noqa: E402,F401
 from draftsmith.cli import demo  # noqa: E402,F401

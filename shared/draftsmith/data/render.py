@@ -228,6 +228,15 @@ class ChatRenderer:
             end = eots[-1] + 1 if eots else len(tail)           # generated span: tail[:end]
             if turn.get("finish_reason") == "length" and eots:
                 end -= 1                                        # the end-of-turn token was never generated
+            expected = turn.get("token_ids")
+            retokenized = False
+            if expected is not None and tail[:end] != list(expected) and self.same_text(tail[:end], expected, turn):
+                # The target generated a non-canonical tokenization of the very same text (BPE merges differ
+                # from what re-tokenizing gives, or a cut multi-byte character at a length stop): supervise the
+                # ids it really generated. A different *text* stays a mismatch for validation to report.
+                tail = list(expected) + tail[end:]
+                end = len(expected)
+                retokenized = True
             if cur is None or p[: len(cur.input_ids)] != cur.input_ids:
                 if cur is not None:
                     samples.append(cur)
@@ -237,6 +246,8 @@ class ChatRenderer:
             cur.input_ids += new_ctx + tail
             cur.loss_mask += [0] * len(new_ctx) + [1] * end + [0] * (len(tail) - end)
             cur.spans.append(TurnSpan(k, start, start + end, turn.get("token_ids")))
+            if retokenized:
+                cur.flags.append("retokenized")
             msg_r = [m for m in rec["messages"] if m["role"] == "assistant"][k]
             if (turn.get("reasoning_field") or self.reasoning_mode != "none") and not (
                 msg_r.get("reasoning") or msg_r.get("reasoning_content")
@@ -245,6 +256,15 @@ class ChatRenderer:
         if cur is not None:
             samples.append(cur)
         return samples
+
+    def same_text(self, rendered: list[int], generated: list[int], turn: dict[str, Any]) -> bool:
+        """True when two id sequences decode to the same text (special tokens kept); at a length stop a trailing
+        incomplete character (U+FFFD) is ignored, since the server holds back bytes of a cut character."""
+        a = self.tok.decode(rendered, skip_special_tokens=False)
+        b = self.tok.decode(list(generated), skip_special_tokens=False)
+        if turn.get("finish_reason") == "length":
+            a, b = a.rstrip("\ufffd"), b.rstrip("\ufffd")
+        return a == b
 
     def render(self, rec: dict[str, Any]) -> list[Sample]:
         """Texts, token ids and samples of one record (see :meth:`texts` and :meth:`assemble`)."""

@@ -1,10 +1,10 @@
 """The drafter's shape, derived from the target's ``config.json`` (copied, never guessed).
 
-Layer-id convention (pinned here, used everywhere): an aux layer id ``k`` names the residual stream after ``k``
-decoder layers, i.e. transformers' ``output_hidden_states[k]`` and exactly the tensor vLLM captures for
-``eagle_aux_hidden_state_layer_ids`` (``vllm/model_executor/models/interfaces.py``: ``_maybe_add_hidden_state``
-is called with ``idx + 1`` after decoder layer ``idx``). Default ids for a target with ``L`` layers:
-``(1, L // 2 - 1, L - 4)`` (SpecForge / vLLM speculators), ``(1, 14, 26)`` for SmolLM2's 30 layers.
+Layer ids follow the project's one convention (``draftsmith.features.layers``, formats.md section 4): id ``i`` is
+the output of decoder layer ``i`` (0-based), transformers' ``output_hidden_states[i + 1]``; the default is
+``(1, L//2 - 1, L - 4)``, ``(1, 14, 26)`` for SmolLM2. Exports translate them to vLLM's
+``eagle_aux_hidden_state_layer_ids`` with :func:`~draftsmith.features.layers.vllm_aux_ids` (``i + 1``, because vLLM
+records aux id ``k`` after decoder layer ``k - 1``; ``vllm/model_executor/models/interfaces.py``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,29 @@ COPIED_FIELDS = (
 
 
 def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """Aux layer ids ``(1, L//2 - 1, L - 4)`` in the convention of this module's docstring."""
-    return (1, num_layers // 2 - 1, num_layers - 4)
+    """Aux layer ids ``(1, L//2 - 1, L - 4)`` (the features stage's default)."""
+    from draftsmith.features.layers import default_layer_ids as features_default
+
+    return features_default(num_layers)
 
 
 def hf_hidden_index(layer_id: int) -> int:
-    """Index into transformers' ``output_hidden_states`` that holds aux layer ``layer_id`` (identity, documented)."""
-    return layer_id
+    """Index into transformers' ``output_hidden_states`` of the output of decoder layer ``layer_id``."""
+    from draftsmith.features.layers import hf_hidden_index as features_index
+
+    return features_index(layer_id)
+
+
+def vllm_layer_ids(layer_ids: list[int]) -> list[int]:
+    """vLLM's ``eagle_aux_hidden_state_layer_ids`` for our ``layer_ids`` (``i + 1``)."""
+    from draftsmith.features.layers import vllm_aux_ids
+
+    return vllm_aux_ids(layer_ids)
+
+
+def from_vllm_layer_ids(ids: list[int]) -> list[int]:
+    """Inverse of :func:`vllm_layer_ids`."""
+    return [int(i) - 1 for i in ids]
 
 
 @dataclass
@@ -114,7 +130,7 @@ def derive_config(
     Args:
         target_path: target checkpoint folder.
         draft_vocab_size: N, the size of the draft vocabulary (``d2t`` length).
-        layer_ids: aux layer ids (module convention); None = :func:`default_layer_ids`.
+        layer_ids: aux layer ids (outputs of decoder layers); None = :func:`default_layer_ids`.
         num_layers: decoder layers of the drafter (1 for EAGLE-3).
         norm_before_residual: residual carries the normed feature (vLLM flag of the same name).
 
@@ -128,7 +144,7 @@ def derive_config(
         raise ModelError(f"target config lacks {missing}", "use a decoder-only Hugging Face checkpoint")
     n_layers = int(text["num_hidden_layers"])
     ids = list(layer_ids) if layer_ids else list(default_layer_ids(n_layers))
-    if any(i < 0 or i > n_layers for i in ids):
+    if any(i < 0 or i >= n_layers - 1 for i in ids):
         raise ModelError(f"aux layer ids {ids} are outside 0..{n_layers}", "pick ids of existing target layers")
     heads = int(text["num_attention_heads"])
     rope = text.get("rope_parameters")

@@ -8,7 +8,8 @@
    written: vLLM's speculators reader defaults it to true when missing (``configs/speculators/algos.py``), its
    EAGLE reader to false (``llama_eagle3.py``), and the drafter must be served the way it was trained.
 
-Neither layout stores ``embed_tokens``: the drafter's embedding is the target's, frozen, which vLLM then shares.
+Aux layer ids are written in vLLM's numbering (our output-of-layer ``i`` is vLLM's ``i + 1``; current SGLang reads
+the same ids as the same tensors, see ``draftsmith.features.layers``). Neither layout stores ``embed_tokens``: the drafter's embedding is the target's, frozen, which vLLM then shares.
 Folders are written under a temporary name and renamed.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from draftsmith.drafter.checkpoint import FROZEN, model_state
-from draftsmith.drafter.config import DraftConfig
+from draftsmith.drafter.config import DraftConfig, vllm_layer_ids
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -64,7 +65,7 @@ def eagle3_config(cfg: DraftConfig) -> dict[str, Any]:
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.layer_ids), "use_aux_hidden_state": True},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": vllm_layer_ids(cfg.layer_ids), "use_aux_hidden_state": True},
     }
 
 
@@ -79,7 +80,7 @@ def speculators_config(cfg: DraftConfig, speculative_tokens: int, verifier: str)
         "draft_vocab_size": cfg.draft_vocab_size,
         "norm_before_residual": cfg.norm_before_residual,
         "target_hidden_size": cfg.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.layer_ids),
+        "eagle_aux_hidden_state_layer_ids": vllm_layer_ids(cfg.layer_ids),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,

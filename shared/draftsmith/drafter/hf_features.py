@@ -1,8 +1,8 @@
 """Target features computed in-process with transformers (tests, the benchmark, the offline acceptance estimate).
 
-Layer ids follow ``draftsmith.drafter.config``: aux id ``k`` is ``output_hidden_states[k]`` (the residual stream
-after ``k`` decoder layers, what vLLM captures). ``final_hidden`` is the last decoder output after the final norm,
-which transformers returns as ``output_hidden_states[-1]`` for Llama-family models.
+Layer ids: output of decoder layer ``i`` = ``output_hidden_states[i + 1]`` (``draftsmith.features.layers``).
+``final_hidden`` is the last decoder output after the final norm, which transformers returns as
+``output_hidden_states[-1]`` for Llama-family models (checked: ``hidden_states[-1] @ lm_head.T == logits``).
 """
 
 from __future__ import annotations
@@ -94,10 +94,14 @@ def write_reference_run(
          "coverage": float(counts[chosen].sum() / counts.sum().clamp(min=1)), "data_hash": sha,
          "token_counts_file": "counts.safetensors"}))
     auxs, fins = [], []
-    for _, ids, _ in samples:
-        aux, fin, _ = target_features(model, torch.tensor([ids]), layer_ids)
-        auxs.append(aux[0].to(dtype))  # [T, 3H]
-        fins.append(fin[0].to(dtype))  # [T, H]
+    for s in range(0, len(samples), 8):  # right-padded batches: causal attention keeps real rows exact
+        chunk = [c[1] for c in samples[s : s + 8]]
+        T = max(len(c) for c in chunk)
+        batch = torch.tensor([c + [0] * (T - len(c)) for c in chunk])  # [b, T]
+        aux, fin, _ = target_features(model, batch, layer_ids)
+        for i, c in enumerate(chunk):
+            auxs.append(aux[i, : len(c)].to(dtype))  # [T_i, 3H]
+            fins.append(fin[i, : len(c)].to(dtype))  # [T_i, H]
     save_file({"aux_hidden": torch.cat(auxs), "final_hidden": torch.cat(fins), "offsets": offsets},
               str(root / "features" / "features-00000.safetensors"))
     (root / "features" / "manifest.json").write_text(json.dumps(

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.drafter.checkpoint import load_model_weights, model_state, read_state
-from draftsmith.drafter.config import DraftConfig, derive_config
+from draftsmith.drafter.config import DraftConfig, derive_config, from_vllm_layer_ids
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.vocab import init_from_target
 from draftsmith.errors import ModelError
@@ -72,6 +72,7 @@ def export_draft_config(layout: str, config: dict, target_path: Path | str) -> D
     layer = config["transformer_layer_config"] if layout == "speculators" else config
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids")
+    ids = from_vllm_layer_ids(ids) if ids else None
     nbr = config.get("norm_before_residual", layout == "speculators")
     cfg = derive_config(target_path, int(config["draft_vocab_size"]), ids, int(layer.get("num_hidden_layers", 1)), nbr)
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
@@ -134,6 +135,7 @@ def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = Fals
     layout, config, weights = read_export(folder)
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids")
+    ids = from_vllm_layer_ids(ids) if ids else None
     if ids and list(ids) != list(model.cfg.layer_ids):
         raise ModelError(f"pretrained drafter reads layers {ids}, the features hold {model.cfg.layer_ids}",
                          "extract features with the drafter's layer ids (train.layer_ids)")

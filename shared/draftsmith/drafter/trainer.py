@@ -160,6 +160,7 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, warm, self.tc.min_lr_ratio))
         self.step, self.epoch, self.position = 0, 0, 0
         self.nan_features = 0
+        self._iv_cache: dict[str, torch.Tensor] = {}
         ckpt = latest_checkpoint(self.paths.checkpoints) if self.tc.resume else None
         if ckpt is not None:
             self._resume(ckpt)
@@ -202,15 +203,32 @@ class Trainer:
             log.warning("skipped %d sample(s) with NaN/Inf features (%d so far)", len(ids) - len(keep), self.nan_features)
         if not keep:
             return None
+        kept = [ids[j] for j in keep]
         b = collate([samples[j] for j in keep], [feats[j] for j in keep])
-        return {k: v.to(self.dist.device) for k, v in b.items()}
+        b = {k: v.to(self.dist.device) for k, v in b.items()}
+        b["in_vocab"] = self._in_vocab(kept, b)
+        return b
+
+    def _in_vocab(self, ids: list[str], b: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[B, T]`` bool: the target's full-vocabulary top-1 is a draft token; computed once per sample, cached
+        (it costs a ``[T, V]`` matmul, more than a TTT step of a small drafter)."""
+        todo = [i for i, sid in enumerate(ids) if sid not in self._iv_cache]
+        if todo:
+            view = target_view(b["final"][todo], self.lm_head, self.model.d2t, self.model.t2d)
+            for r, i in enumerate(todo):
+                self._iv_cache[ids[i]] = view.in_vocab[r, : int(b["lengths"][i])].cpu()
+        out = torch.zeros(b["input_ids"].shape, dtype=torch.bool)
+        for i, sid in enumerate(ids):
+            v = self._iv_cache[sid]
+            out[i, : v.numel()] = v
+        return out.to(self.dist.device)
 
     def _autocast(self):
         bf16 = self.tc.precision == "bf16" or (self.tc.precision == "auto" and self.dist.device.type == "cuda")
         return torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=bf16)
 
     def _forward(self, batch, module) -> tuple[torch.Tensor, StepStats]:
-        view = target_view(batch["final"], self.lm_head, self.model.d2t, self.model.t2d)
+        view = target_view(batch["final"], self.lm_head, self.model.d2t, self.model.t2d, in_vocab=batch["in_vocab"])
         with self._autocast():
             return module(batch, view)
 
@@ -271,8 +289,11 @@ class Trainer:
                     "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             atomic_write_text(self.paths.status / "train.json", json.dumps(snap, indent=2))
 
-    def run(self) -> dict[str, Any]:
+    def run(self, stop_at: int | None = None) -> dict[str, Any]:
         """Train until ``max_steps`` or the last epoch; returns the final train / held-out figures.
+
+        ``stop_at`` ends the loop after that optimizer step without the final checkpoint or evaluation (it
+        simulates a crash; tests use it to prove exact resume).
 
         Raises:
             TrainingError: a NaN or Inf loss or gradient (the last good checkpoint is kept, nothing is saved).
@@ -284,7 +305,7 @@ class Trainer:
         interval, tokens, t_int = StepStats(), 0.0, time.time()
         held = None
         last_train = StepStats()
-        while self.step < self.total_steps and self.epoch < max(tc.epochs, 1 if tc.max_steps is None else 10**9):
+        while self.step < self.total_steps:
             batches = self._rank_batches(self.epoch)
             usable = len(batches) // tc.grad_accum * tc.grad_accum
             while self.position < usable and self.step < self.total_steps:
@@ -323,6 +344,8 @@ class Trainer:
                     last_train, interval, tokens, t_int = red, StepStats(), 0.0, time.time()
                 if self.step % tc.save_every == 0 and self.step < self.total_steps:
                     self._save()
+                if stop_at is not None and self.step >= stop_at:
+                    return {"step": self.step, "stopped": True}
             if self.position >= usable:
                 self.epoch, self.position = self.epoch + 1, 0
             if tc.max_steps is None and self.epoch >= tc.epochs:

@@ -37,7 +37,12 @@ class TargetView:
 
 @torch.no_grad()
 def target_view(
-    final_hidden: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, chunk_rows: int = 512
+    final_hidden: torch.Tensor,
+    lm_head: torch.Tensor,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    chunk_rows: int = 512,
+    in_vocab: torch.Tensor | None = None,
 ) -> TargetView:
     """Target distribution restricted to the draft vocabulary, never materialising ``[B, T, V]`` logits.
 
@@ -46,17 +51,19 @@ def target_view(
         lm_head: ``[V, H]`` the target's output head.
         d2t: ``[N]`` draft-to-target offsets; t2d: ``[V]`` bool.
         chunk_rows: rows per chunk for the full-vocabulary top-1 (``chunk_rows * V`` floats at a time).
+        in_vocab: ``[B, T]`` precomputed full-vocabulary check (it is fixed per sample; the trainer caches it).
     """
     B, T, H = final_hidden.shape
     f = final_hidden.to(lm_head.dtype)
     rows = lm_head[torch.arange(d2t.numel(), device=d2t.device) + d2t]  # [N, H]
     logits = f @ rows.T  # [B, T, N]
     probs = torch.softmax(logits.float(), dim=-1)  # [B, T, N]
-    flat = f.reshape(B * T, H)
-    top_full = torch.empty(B * T, dtype=torch.long, device=f.device)
-    for s in range(0, B * T, chunk_rows):
-        top_full[s : s + chunk_rows] = (flat[s : s + chunk_rows] @ lm_head.T).argmax(-1)  # [c, V] -> [c]
-    in_vocab = t2d[top_full].view(B, T)
+    if in_vocab is None:
+        flat = f.reshape(B * T, H)
+        top_full = torch.empty(B * T, dtype=torch.long, device=f.device)
+        for s in range(0, B * T, chunk_rows):
+            top_full[s : s + chunk_rows] = (flat[s : s + chunk_rows] @ lm_head.T).argmax(-1)  # [c, V] -> [c]
+        in_vocab = t2d[top_full].view(B, T)
     return TargetView(probs=probs, top=logits.argmax(-1), in_vocab=in_vocab)
 
 

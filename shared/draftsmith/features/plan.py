@@ -31,16 +31,21 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def tokenizer_sha256(model_dir: Path) -> str:
-    """sha256 of the target's ``tokenizer.json`` (what the data manifest's ``tokenizer.sha256`` records).
+def tokenizer_sha256(model_dir: Path, chat_template: str | None = None) -> str:
+    """The tokenizer hash ``build-data`` records in the data manifest, computed for the target's folder.
+
+    Same function as the data stage (:func:`draftsmith.data.render.tokenizer_sha256`: ``tokenizer.json`` plus the
+    chat template in use, ``data.chat_template`` when set).
 
     Raises:
-        ModelError: the folder has no ``tokenizer.json``.
+        ModelError: the folder has no ``tokenizer.json``; DataError: the tokenizer has no chat template.
     """
-    f = Path(model_dir) / "tokenizer.json"
-    if not f.is_file():
+    from draftsmith.data.render import load_tokenizer
+    from draftsmith.data.render import tokenizer_sha256 as data_tokenizer_sha256
+
+    if not (Path(model_dir) / "tokenizer.json").is_file():
         raise ModelError(f"the target folder {model_dir} has no tokenizer.json", "point target.path at a checkpoint")
-    return sha256_file(f)
+    return data_tokenizer_sha256(load_tokenizer(model_dir, chat_template), model_dir)
 
 
 def target_revision(model_dir: Path) -> str:
@@ -183,7 +188,7 @@ def make_plan(settings, run_dir: Path) -> ExtractPlan:
     cfg = target_config(target_dir)
     num_layers = int(cfg["num_hidden_layers"])
     layer_ids = parse_layer_ids(settings.extract.layers, num_layers)
-    tok_sha = tokenizer_sha256(target_dir)
+    tok_sha = tokenizer_sha256(target_dir, settings.data.chat_template)
     data_tok = (manifest.get("tokenizer") or {}).get("sha256")
     if data_tok != tok_sha:
         raise DataError(

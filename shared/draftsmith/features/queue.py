@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from draftsmith.errors import QueueError
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
 
 JOB_FUNC = "draftsmith.features.jobs.extract_job"
-
-
-def queue_name(prefix: str) -> str:
-    """Name of the extraction queue."""
-    return f"{prefix}:extract"
 
 
 def job_id(run: str, shard: int) -> str:
@@ -34,19 +28,15 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     Raises:
         QueueError: Redis does not answer at ``redis.url``.
     """
-    import redis
     from rq import Queue
     from rq.exceptions import NoSuchJobError
     from rq.job import Job, JobStatus
     from rq.serializers import JSONSerializer
 
-    conn = redis.Redis.from_url(settings.redis.url)
-    try:
-        conn.ping()
-    except redis.RedisError as e:
-        raise QueueError(f"Redis does not answer at {settings.redis.url} ({e})",
-                         "start Redis, fix redis.url, or run with --sync") from e
-    q = Queue(queue_name(settings.redis.prefix), connection=conn, serializer=JSONSerializer)
+    from draftsmith.queues import connect, queue_name
+
+    conn = connect(settings.redis.url)
+    q = Queue(queue_name(settings.redis.prefix, "extract"), connection=conn, serializer=JSONSerializer)
     dumped = settings.model_dump(mode="json")
     ids = []
     for shard in shards:

@@ -157,6 +157,7 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
 
         ProgressBoard(connect(s.redis.url), s.redis.prefix, root).incr(prompts_done=len(records) - dropped)
         M.GEN_PROMPTS_DONE.labels(root.name).set(len(done) + len(records) - dropped)
+        M.GEN_PROMPTS_TOTAL.labels(root.name).set(len(all_prompts))
     finally:
         if M.multiprocess_enabled():
             from prometheus_client import multiprocess
