@@ -38,7 +38,6 @@ class DemoSize:
     name: str
     pools: dict[str, int]
     config: dict[str, Any]
-    eager: bool
     workers: int = 2
 
 
@@ -48,6 +47,7 @@ SIZES: dict[str, DemoSize] = {
         name="small",
         pools={"gsm8k_train.jsonl": 24, "self_instruct_seed_tasks.jsonl": 12, "user_oriented_instructions.jsonl": 12},
         config={
+            "target": {"enforce_eager": True, "max_model_len": 2048},
             "generation": {"max_tokens": 128, "batch_size": 16, "concurrency": 48},
             "data": {"max_length": 512, "draft_vocab_size": 4096},
             "train": {"draft_vocab_size": 4096, "epochs": 8, "lr": 5e-4, "batch_size": 8, "batch_tokens": 4096,
@@ -55,7 +55,6 @@ SIZES: dict[str, DemoSize] = {
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 2, "max_tokens": 64,
                      "concurrency": 4, "k": 3},
         },
-        eager=True,
         workers=3,
     ),
     # the best drafter the 45-minute budget allows on 2 CPU cores
@@ -63,6 +62,7 @@ SIZES: dict[str, DemoSize] = {
         name="default",
         pools={"gsm8k_train.jsonl": 600, "self_instruct_seed_tasks.jsonl": 175, "user_oriented_instructions.jsonl": 252},
         config={
+            "target": {"enforce_eager": False, "max_model_len": 4096},
             "generation": {"max_tokens": 384, "batch_size": 16, "concurrency": 64},
             "data": {"max_length": 1024, "draft_vocab_size": 8192},
             "train": {"draft_vocab_size": 8192, "epochs": 3, "lr": 5e-4, "batch_size": 8, "batch_tokens": 4096,
@@ -70,7 +70,6 @@ SIZES: dict[str, DemoSize] = {
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 10, "max_tokens": 128,
                      "concurrency": 4, "k": 3},
         },
-        eager=False,
     ),
 }
 
@@ -103,6 +102,12 @@ class Demo:
 
     def save_state(self, st: dict[str, Any]) -> None:
         atomic_write_text(self.state_file, json.dumps(st, indent=1))
+
+    def settings(self) -> Settings:
+        """The run's settings as every stage sees them (the demo config file)."""
+        from draftsmith.config import load_settings
+
+        return load_settings(self.config_file)
 
     def write_config(self) -> None:
         cfg = {"runs_dir": str(Path(self.s.runs_dir).resolve()), "run": self.s.run,
@@ -176,11 +181,12 @@ class Demo:
         from draftsmith.target.embedded import embedded_dir
         from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
 
-        spec = VLLMServerSpec(model=embedded_dir(self.s.target.cache_dir), served_name="SmolLM2-135M-Instruct",
-                              port=free_port(), dtype=self.s.target.dtype, max_model_len=self.s.target.max_model_len,
-                              kv_cache_gib=self.s.target.kv_cache_gib, enforce_eager=self.size.eager)
+        t = self.settings().target
+        spec = VLLMServerSpec(model=embedded_dir(t.cache_dir), served_name="SmolLM2-135M-Instruct",
+                              port=free_port(), dtype=t.dtype, max_model_len=t.max_model_len,
+                              kv_cache_gib=t.kv_cache_gib, enforce_eager=t.enforce_eager)
         self.server = VLLMServer(spec, self.paths.logs / "vllm-target.log")
-        self.server.start(timeout_s=self.s.target.startup_timeout_s)
+        self.server.start(timeout_s=t.startup_timeout_s)
         self.url = self.server.url
 
     def stage_generate(self) -> None:

@@ -31,6 +31,12 @@ def fixture_samples(limit: int | None = None) -> list[tuple[str, list[int], list
 
 
 @pytest.fixture(scope="session")
+def draft_vocab() -> int:
+    """Draft vocabulary size of the reference run."""
+    return VOCAB
+
+
+@pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, embedded_target) -> Path:
     """A run folder (data/ + features/) built once per session; copy it before writing into it."""
     from draftsmith.drafter.hf_features import write_reference_run

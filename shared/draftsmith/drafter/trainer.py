@@ -259,13 +259,15 @@ class Trainer:
         if self.dist.world > 1:
             torch.distributed.barrier()
 
-    def _report(self, interval: StepStats, tokens: float, t_int: float, t0: float, held: StepStats | None) -> None:
+    def _report(
+        self, interval: StepStats, tokens: float, t_int: float, t0: float, held: StepStats | None, line: bool = True
+    ) -> None:
         from draftsmith import metrics
 
         run = self.s.run
         lr = self.sched.get_last_lr()[0]
         tps = tokens / max(t_int, 1e-9)
-        if self.dist.main:
+        if self.dist.main and line:
             log.info(progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0))
         metrics.TRAIN_STEP.labels(run).set(self.step)
         metrics.TRAIN_EPOCH.labels(run).set(self.epoch)
@@ -353,7 +355,10 @@ class Trainer:
         if interval.loss_sum:
             last_train = StepStats.from_tensor(_all_sum(interval.as_tensor(), self.dist))
         held = self.evaluate() if self.held_ids else None
-        self._report(last_train, 0.0, 1.0, t0, held)
+        self._report(last_train, 0.0, 1.0, t0, held, line=False)
+        if self.dist.main and held is not None:
+            log.info("held-out: loss %s acc %s accept_len %.3f", "/".join(f"{x:.3f}" for x in held.losses),
+                     "/".join(f"{x:.3f}" for x in held.accs), held.acceptance_length)
         self._save()
         return {"step": self.step, "epoch": self.epoch,
                 "train": {"loss": last_train.losses, "acc": last_train.accs,

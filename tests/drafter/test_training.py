@@ -1,0 +1,136 @@
+"""Training on real SmolLM2 features: learning, progress outputs, rotation, exact resume, NaN stop, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from draftsmith.drafter.checkpoint import list_checkpoints, model_state
+from draftsmith.drafter.trainer import Trainer, progress_line
+from draftsmith.drafter.ttt import StepStats
+from draftsmith.errors import DataError, ModelError, TrainingError
+
+pytestmark = pytest.mark.slow  # builds features from the real target and trains (minutes on 2 shared cores)
+
+
+def test_training_learns_and_reports(run_factory, caplog):
+    s = run_factory("learn", ttt_steps=3, max_steps=12, log_every=4, save_every=4, keep=2, eval_every=12)
+    caplog.set_level("INFO")
+    tr = Trainer(s)
+    result = tr.run()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert len(lines) >= 3
+    first_loss = float(lines[0].split(" loss ")[1].split()[0])
+    last_loss = float(lines[-1].split(" loss ")[1].split()[0])
+    assert last_loss < first_loss * 0.8, (first_loss, last_loss)
+    assert result["step"] == 12 and len(result["heldout"]["acc"]) == 3
+    assert 1.0 <= result["heldout"]["accept_len"] <= 4.0
+    # rotation: saves at 4, 8, 12 with keep=2 -> 8 and 12 remain; latest points at 12
+    names = [p.name for p in list_checkpoints(tr.paths.checkpoints)]
+    assert names == ["step-00000008", "step-00000012"]
+    assert json.loads((tr.paths.checkpoints / "latest.json").read_text())["step"] == 12
+    status = json.loads((tr.paths.status / "train.json").read_text())
+    assert status["step"] == 12 and len(status["train"]["acc"]) == 3
+    from prometheus_client import REGISTRY
+
+    assert REGISTRY.get_sample_value("draftsmith_train_step", {"run": "learn"}) == 12
+
+
+def test_progress_line_format():
+    st = StepStats([2.0, 3.0], [1.0, 1.0], [1.0, 0.0], [2.0, 2.0])
+    line = progress_line(5, 10, 0, st, 1e-4, 1234.0, 65.0)
+    assert line == ("step       5/10 epoch 0 loss 2.5000 acc 0.500/0.000 accept_len 1.500 lr 1.000e-04 "
+                    "tok/s 1,234 elapsed 0:01:05 eta 0:01:05")
+
+
+def test_resume_is_exact(run_factory):
+    """Interrupted at step 4 (after its checkpoint) and resumed == never interrupted."""
+    kw = dict(ttt_steps=2, max_steps=8, save_every=4, log_every=4, eval_every=100, seed=3)
+    straight = Trainer(run_factory("straight", **kw))
+    straight.run()
+    a = model_state(straight.model)
+
+    s = run_factory("interrupted", **kw)
+    Trainer(s).run(stop_at=5)  # crash after step 5: steps 5.. are lost, step-4 checkpoint remains
+    resumed = Trainer(s)
+    assert resumed.step == 4 and resumed.position == 4 * 1
+    resumed.run()
+    b = model_state(resumed.model)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert resumed.sched.last_epoch == straight.sched.last_epoch == 8
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(run_factory, monkeypatch):
+    s = run_factory("nan", ttt_steps=2, max_steps=6, save_every=2, eval_every=100)
+    tr = Trainer(s)
+    import draftsmith.drafter.trainer as trainer_mod
+
+    real = trainer_mod.ttt_loss
+    calls = {"n": 0}
+
+    def poisoned(*a, **k):
+        loss, st = real(*a, **k)
+        calls["n"] += 1
+        return (loss * float("nan"), st) if calls["n"] > 3 else (loss, st)
+
+    monkeypatch.setattr(trainer_mod, "ttt_loss", poisoned)
+    before = None
+    with pytest.raises(TrainingError, match="loss is nan"):
+        tr.run()
+    names = [p.name for p in list_checkpoints(tr.paths.checkpoints)]
+    assert names == ["step-00000002"]
+    before = (tr.paths.checkpoints / "step-00000002" / "model.safetensors").read_bytes()
+    assert before  # the last good checkpoint is intact
+
+
+def test_nan_features_are_skipped_and_counted(run_factory):
+    s = run_factory("nanfeat", ttt_steps=2, max_steps=2, eval_every=100)
+    tr = Trainer(s)
+    bad = tr._rank_batches(0)[0][0]  # a sample of the first micro-batch
+    real_get = tr.features.get
+
+    def get(ids):
+        out = real_get(ids)
+        return [(a * float("nan"), f) if sid == bad else (a, f) for sid, (a, f) in zip(ids, out)]
+
+    tr.features.get = get
+    tr.run()
+    assert tr.nan_features >= 1
+
+
+def test_bad_inputs_fail_before_anything_is_written(run_factory, tmp_path):
+    s = run_factory("bad", ttt_steps=2, max_steps=2)
+    root = s.runs_dir / "bad"
+    with pytest.raises(DataError, match="no draft vocabulary of size 999"):
+        Trainer(s.model_copy(update={"train": s.train.model_copy(update={"draft_vocab_size": 999})}))
+    # features of another target (hidden size differs)
+    man = json.loads((root / "features" / "manifest.json").read_text())
+    (root / "features" / "manifest.json").write_text(json.dumps({**man, "hidden_size": 4096}))
+    with pytest.raises(DataError, match="another target"):
+        Trainer(s)
+    (root / "features" / "manifest.json").write_text(json.dumps(man))
+    # an empty dataset
+    dman = json.loads((root / "data" / "manifest.json").read_text())
+    (root / "data" / "manifest.json").write_text(json.dumps({**dman, "shards": []}))
+    with pytest.raises(DataError, match="holds no sample"):
+        Trainer(s)
+    (root / "data" / "manifest.json").write_text(json.dumps(dman))
+    assert not (root / "checkpoints").exists() and not (root / "status").exists()
+    # a corrupt checkpoint, then one from another architecture: clear errors, nothing overwritten
+    Trainer(s).run()
+    ck = list_checkpoints(root / "checkpoints")[-1]
+    good = (ck / "model.safetensors").read_bytes()
+    (ck / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ModelError, match="corrupt"):
+        Trainer(s)
+    (ck / "model.safetensors").write_bytes(good)
+    two = s.model_copy(update={"train": s.train.model_copy(update={"num_layers": 2})})
+    with pytest.raises(ModelError, match="another architecture"):
+        Trainer(two)
+    assert (ck / "model.safetensors").read_bytes() == good
+    shutil.rmtree(root)
