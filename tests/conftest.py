@@ -81,3 +81,26 @@ def vllm_server(embedded_target: Path, tmp_path_factory) -> str:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def small_demo() -> tuple[str, Path]:
+    """`make demo DEMO_SIZE=small` run once per test session (as CI runs it): its output and its run folder.
+
+    The demo is the pipeline's own end-to-end proof (generation on vLLM CPU, data, features, training, export,
+    evaluation in vLLM); the evaluator's end-to-end tests reuse its drafter instead of training another one.
+    """
+    import shutil
+    import subprocess
+
+    run = "ci-small"
+    run_dir = REPO / "runs" / run
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")}
+    p = subprocess.run(["make", "demo", "DEMO_SIZE=small", f"RUN={run}"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=1800)
+    out = p.stdout + p.stderr
+    (REPO / "runs").mkdir(exist_ok=True)
+    (REPO / "runs" / f"{run}.log").write_text(out)
+    assert p.returncode == 0, out[-6000:]
+    return out, run_dir

@@ -5,26 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RUN = "ci-small"
-
-
-@pytest.fixture(scope="module")
-def small_demo() -> tuple[str, Path]:
-    run_dir = REPO / "runs" / RUN
-    shutil.rmtree(run_dir, ignore_errors=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")}
-    p = subprocess.run(["make", "demo", "DEMO_SIZE=small", f"RUN={RUN}"], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=1500)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-5000:]
-    return out, run_dir
+RUN = "ci-small"  # the run of the session fixture `small_demo` (tests/conftest.py)
 
 
 @pytest.mark.e2e

@@ -131,7 +131,9 @@ class TrainConfig(Section):
     """EAGLE-3 drafter training (issue 5)."""
 
     ttt_steps: int = Field(7, ge=1, description="Training-time-test unroll depth k.")
-    draft_vocab_size: int = Field(8192, ge=1, description="Draft vocabulary size N (data/vocab/draft-N must exist).")
+    draft_vocab_size: int | None = Field(
+        None, ge=1, description="Draft vocabulary size N (data/vocab/draft-N must exist); None = data.draft_vocab_size."
+    )
     layer_ids: list[int] | None = Field(
         None, description="Aux target layer ids (output_hidden_states index); None = the features' ids."
     )

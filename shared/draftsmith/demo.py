@@ -88,6 +88,7 @@ class Demo:
         self.config_file = self.paths.root / "demo-config.yaml"
         self.server = None
         self.url: str | None = None
+        self._stage_t0 = 0.0
 
     # ---- state
     def load_state(self) -> dict[str, Any]:
@@ -163,14 +164,12 @@ class Demo:
                 return " | " + snapshot(connect(self.s.redis.url), self.s.redis.prefix, self.paths.root).line()
             except DraftsmithError:
                 return ""
+        from draftsmith.status import read_snapshots, snapshot_line
+
         name = {"build-data": "data"}.get(stage, stage)
-        for cand in (name, stage):
-            p = self.paths.status / f"{cand}.json"
-            if p.exists():
-                try:
-                    return f" | {json.loads(p.read_text()).get('line', '')}"
-                except ValueError:
-                    return ""
+        for snap in read_snapshots(self.paths.root):
+            if snap["stage"] in (name, stage) and snap["updated_at"] >= self._stage_t0:
+                return f" | {snapshot_line(snap)}"
         return ""
 
     # ---- stages
@@ -258,7 +257,7 @@ class Demo:
 
     def _timed(self, st: dict[str, Any], stage: str, fn: Callable[[], None], record: bool = True) -> None:
         self.say(f"== {stage}: start ({time.strftime('%H:%M:%S')})")
-        t0 = time.time()
+        t0 = self._stage_t0 = time.time()
         fn()
         dt = time.time() - t0
         self.say(f"== {stage}: done in {dt:.0f} s")

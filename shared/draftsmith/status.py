@@ -22,15 +22,61 @@ def write_snapshot(run_root: Path, stage: str, phase: str, line: str, **numbers:
     atomic_write_text(Path(run_root) / "status" / f"{stage}.json", json.dumps(snap, default=str))
 
 
+def _ts(v: object) -> float:
+    """A snapshot's ``updated_at`` as epoch seconds (stages write floats or ISO-8601 UTC strings)."""
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        import calendar
+
+        return float(calendar.timegm(time.strptime(str(v), "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return 0.0
+
+
 def read_snapshots(run_root: Path) -> list[dict]:
-    """Every stage snapshot of a run, oldest stage first."""
+    """Every stage snapshot of a run, least recently updated first."""
     out = []
     for p in sorted((Path(run_root) / "status").glob("*.json")):
         try:
-            out.append(json.loads(p.read_text()))
+            snap = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
-    return sorted(out, key=lambda d: d.get("updated_at", 0))
+        snap.setdefault("stage", p.stem)
+        snap["updated_at"] = _ts(snap.get("updated_at", 0))
+        out.append(snap)
+    return sorted(out, key=lambda d: d["updated_at"])
+
+
+def snapshot_phase(snap: dict) -> str:
+    """``done``/``running``/... of a snapshot (from ``phase``, or from its counters)."""
+    if snap.get("phase"):
+        return str(snap["phase"])
+    for done, total in (("shards_done", "shards_total"), ("step", "total_steps")):
+        if total in snap and snap.get(total):
+            return "done" if snap.get(done, 0) >= snap[total] else "running"
+    return "running"
+
+
+def snapshot_line(snap: dict) -> str:
+    """One progress line of a stage snapshot (its own ``line``, or one built from the known counters)."""
+    if snap.get("line"):
+        return str(snap["line"])
+    if snap.get("stage") == "extract" or "shards_total" in snap:
+        return (f"shards {snap.get('shards_done', 0)}/{snap.get('shards_total', '?')}, samples "
+                f"{snap.get('samples_done', 0)}/{snap.get('samples_total', '?')}, tokens {snap.get('tokens_done', 0)}"
+                f"/{snap.get('tokens_total', '?')}, {snap.get('tokens_per_s', 0):.0f} tok/s, "
+                f"{snap.get('bytes_written', 0) / 1e6:.1f} MB written, {snap.get('free_disk_bytes', 0) / 1e9:.1f} GB "
+                f"free, skipped {snap.get('skipped_samples', 0)}")
+    if snap.get("stage") == "train" or "total_steps" in snap:
+        tr = snap.get("train") or {}
+        acc = "/".join(f"{a:.2f}" for a in tr.get("acc", []))
+        return (f"step {snap.get('step', 0)}/{snap.get('total_steps', '?')} epoch {snap.get('epoch', 0)} loss "
+                f"{(tr.get('loss') or [float('nan')])[0]:.3f} acc {acc or '-'} accept_len "
+                f"{tr.get('accept_len', float('nan')):.2f} lr {snap.get('lr', 0):.2e} "
+                f"{snap.get('tokens_per_s', 0):.0f} tok/s")
+    keys = [k for k in snap if k not in ("stage", "updated_at")][:8]
+    return ", ".join(f"{k} {snap[k]}" for k in keys)
 
 
 def print_status(s: Settings) -> bool:
@@ -58,8 +104,9 @@ def print_status(s: Settings) -> bool:
         typer.echo(f"generation{src}: {snap.line()}")
         finished = snap.phase in ("done", "idle", "empty")
     for st in read_snapshots(paths.root):
-        age = time.time() - float(st.get("updated_at", 0))
-        typer.echo(f"{st.get('stage')}: [{st.get('phase')}] {st.get('line', '')} (updated {age:.0f} s ago)")
-        if st.get("phase") not in ("done", "failed", "skipped"):
+        age = time.time() - st["updated_at"]
+        phase = snapshot_phase(st)
+        typer.echo(f"{st['stage']}: [{phase}] {snapshot_line(st)} (updated {age:.0f} s ago)")
+        if phase not in ("done", "failed", "skipped"):
             finished = False
     return finished

@@ -7,9 +7,6 @@ Each test that starts a vLLM server with a drafter starts one (enforce-eager, ab
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -59,31 +56,17 @@ def test_eval_random_drafter_reports(tmp_path, embedded_target, random_drafter, 
     assert r["sets"]["gsm8k"]["requests"] == 2
 
 
-def _cli(*args: str, env: dict[str, str]) -> None:
-    subprocess.run([str(Path(sys.executable).parent / "draftsmith"), *args], check=True, env=env, timeout=1800)
-
-
 @pytest.fixture
-def trained_drafter(tmp_path, embedded_target, vllm_server, redis_url):
-    """A SmolLM2 drafter trained by the pipeline's own commands on the target's answers to 8 GSM8K questions
-    (regenerate -> build-data -> extract -> train -> export), so it has seen what the target says greedily.
-
-    Written against the stage commands named in docs/formats.md (enqueue, worker, build-data, extract) and the
-    training engineer's `train` and `export` commands (issue 5).
-    """
+def trained_drafter(tmp_path, small_demo):
+    """The drafter that `make demo DEMO_SIZE=small` trained (session fixture), and a prompt file of four GSM8K
+    *training-pool* questions it regenerated: the agreement test needs prompts where the drafter is right often
+    enough to compare two estimates (the bundled eval sets are never trained on)."""
+    _, run_dir = small_demo
+    gsm = Path(__file__).resolve().parents[2] / "data" / "prompts" / "gsm8k_train.jsonl"
+    rows = [json.loads(line) for line in gsm.read_text().splitlines()[:4]]
     src = tmp_path / "prompts.jsonl"
-    src.write_text("".join(json.dumps({"turns": list(p.turns)}) + "\n" for p in load_set("gsm8k", limit=8).prompts))
-    env = {**os.environ, "DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs"), "DRAFTSMITH_RUN": "trained",
-           "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_TARGET__URL": vllm_server,
-           "DRAFTSMITH_TARGET__MODEL": MODEL, "DRAFTSMITH_TARGET__PATH": str(embedded_target),
-           "DRAFTSMITH_GENERATION__TEMPERATURE": "0", "DRAFTSMITH_METRICS__PORT": "0"}
-    _cli("enqueue", "--source", str(src), "--max-tokens", "64", env=env)
-    _cli("worker", "--burst", env=env)
-    _cli("build-data", "--draft-vocab-size", "2048", env=env)
-    _cli("extract", "--run", "trained", "--sync", env=env)
-    _cli("train", "--run", "trained", env=env)
-    _cli("export", "--run", "trained", env=env)
-    out = tmp_path / "runs" / "trained" / "export" / "eagle3"
+    src.write_text("".join(json.dumps({"turns": [r["question"]]}) + "\n" for r in rows))
+    out = run_dir / "export" / "eagle3"
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     return out, src
 

@@ -57,6 +57,12 @@ def build_data_cmd(
     )
     if vocab:
         typer.echo(f"draft vocabulary N={vocab['size']}: coverage {100 * vocab['coverage']:.2f}%  -> {paths.data}")
+    from draftsmith.status import write_snapshot
+
+    write_snapshot(paths.root, "data", "done",
+                   f"samples {st['samples']}, tokens {st['tokens']}, supervised {st['supervised_tokens']}, dropped "
+                   f"{st['dropped']}, token-exact {st['turns_checked'] - st['turns_mismatched']}/{st['turns_checked']}"
+                   + (f", draft vocab {vocab['size']} coverage {100 * vocab['coverage']:.2f}%" if vocab else ""))
 
 
 @app.command("draft-vocab")

@@ -185,3 +185,31 @@ def collate(
         aux[b, :n], fin[b, :n] = a.to(dtype), f.to(dtype)
     lengths = torch.tensor([s.input_ids.numel() for s in samples])
     return {"input_ids": ids, "loss_mask": mask, "aux": aux, "final": fin, "lengths": lengths}
+
+
+class StreamedFeatures:
+    """:class:`FeatureSource` over ``draftsmith.features.stream.FeatureStream`` (no feature store on disk).
+
+    A sample the stream rejects as non-finite comes back as NaN tensors, which the trainer skips and counts.
+    """
+
+    def __init__(self, settings, run_dir: Path, samples: TrainSamples) -> None:
+        from draftsmith.features.stream import FeatureStream
+
+        self.stream = FeatureStream.from_settings(settings, Path(run_dir))
+        self.samples = samples
+        self.hidden_size = int(self.stream.plan.hidden_size)
+        self.layer_ids = [int(i) for i in self.stream.plan.layer_ids]
+        self.target_model = str(self.stream.plan.target_model)
+
+    def get(self, sample_ids: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        seqs = [self.samples.samples[i].input_ids for i in sample_ids]
+        out = []
+        for ids, f in zip(seqs, self.stream.features(seqs)):
+            if f is None:
+                n = ids.numel()
+                out.append((torch.full((n, 3 * self.hidden_size), float("nan")),
+                            torch.full((n, self.hidden_size), float("nan"))))
+            else:
+                out.append((f.aux, f.final))
+        return out

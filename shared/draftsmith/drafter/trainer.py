@@ -123,13 +123,14 @@ class Trainer:
         self.target_path = settings.target.path or str(embedded_dir(settings.target.cache_dir))
         self.samples = TrainSamples(self.paths.data)
         self.features = features or self._feature_source()
-        self.d2t, self.t2d, _ = load_draft_vocab(self.paths.data, self.tc.draft_vocab_size)
+        self.vocab_size = self.tc.draft_vocab_size or settings.data.draft_vocab_size
+        self.d2t, self.t2d, _ = load_draft_vocab(self.paths.data, self.vocab_size)
         self.vocab_hash = mapping_hash(self.d2t)
         layer_ids = self.tc.layer_ids or self.features.layer_ids
         if list(layer_ids) != list(self.features.layer_ids):
             raise DataError(f"train.layer_ids {layer_ids} differ from the features' {self.features.layer_ids}",
                             "re-extract features with these layers or drop train.layer_ids")
-        self.cfg = derive_config(self.target_path, self.tc.draft_vocab_size, layer_ids, self.tc.num_layers,
+        self.cfg = derive_config(self.target_path, self.vocab_size, layer_ids, self.tc.num_layers,
                                  self.tc.norm_before_residual)
         if self.features.hidden_size != self.cfg.target_hidden_size:
             raise DataError(f"features have hidden size {self.features.hidden_size}, the target "
@@ -167,12 +168,9 @@ class Trainer:
 
     def _feature_source(self) -> FeatureSource:
         if self.tc.features == "stream":
-            try:
-                from draftsmith.features.stream import StreamedFeatures  # written by the extraction stage
-            except ImportError as e:
-                raise DataError("streamed features are not available in this install",
-                                "use train.features=offline with `draftsmith extract`") from e
-            return StreamedFeatures(self.s)
+            from draftsmith.drafter.data import StreamedFeatures
+
+            return StreamedFeatures(self.s, self.paths.root, self.samples)
         src = OfflineFeatures(self.paths.features)
         want = self.samples.target_model
         if want and src.target_model and want != src.target_model:

@@ -155,7 +155,9 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
         shard, dropped = write_shard(records_dir, job_id, records)
         from draftsmith.queues import connect
 
-        ProgressBoard(connect(s.redis.url), s.redis.prefix, root).incr(prompts_done=len(records) - dropped)
+        board = ProgressBoard(connect(s.redis.url), s.redis.prefix, root)
+        board.incr(prompts_done=len(records) - dropped)
+        board.set(last_result_at=repr(time.time()))
         M.GEN_PROMPTS_DONE.labels(root.name).set(len(done) + len(records) - dropped)
         M.GEN_PROMPTS_TOTAL.labels(root.name).set(len(all_prompts))
     finally:

@@ -115,6 +115,8 @@ def snapshot(client: redis.Redis | None, prefix: str, run_root: Path, in_flight:
     tokens = int(h.get("completion_tokens", 0))
     started = float(h["started_at"]) if "started_at" in h else None
     now = time.time()
+    if total and done_disk >= total and "last_result_at" in h:
+        now = float(h["last_result_at"])  # a finished run's rates and elapsed time stop with its last record
     elapsed = now - started if started else None
     done_since = max(0, done_disk - int(h.get("done_at_start", 0)))
     req_s = ok / elapsed if elapsed and elapsed > 0 else None
