@@ -21,9 +21,9 @@ import torch
 
 def drafter_flops_per_token(cfg, k: int, T: int) -> float:
     """Training FLOPs per token of a k-step TTT unroll (forward x 3)."""
-    H, I, N = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
+    H, inter, N = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
     h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    step = 2 * (2 * H * (h * d + 2 * hkv * d) + h * d * H + 3 * H * I + H * N)  # qkv, o, mlp, lm_head
+    step = 2 * (2 * H * (h * d + 2 * hkv * d) + h * d * H + 3 * H * inter + H * N)  # qkv, o, mlp, lm_head
     attn = 4 * T * h * d  # scores + weighted values over the T computed columns
     fc = 2 * 3 * cfg.target_hidden_size * H
     return 3.0 * (fc + k * (step + attn))

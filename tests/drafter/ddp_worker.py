@@ -9,7 +9,6 @@ import os
 import sys
 
 import torch
-
 from draftsmith.config import load_settings
 from draftsmith.drafter.checkpoint import model_state
 from draftsmith.drafter.trainer import Trainer

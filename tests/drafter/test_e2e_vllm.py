@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from draftsmith.drafter.checkpoint import list_checkpoints
 from draftsmith.drafter.export import export_checkpoint
 

@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-
 from draftsmith.drafter.checkpoint import list_checkpoints, model_state
 from draftsmith.drafter.trainer import Trainer, progress_line
 from draftsmith.drafter.ttt import StepStats
@@ -96,7 +95,7 @@ def test_nan_features_are_skipped_and_counted(run_factory):
 
     def get(ids):
         out = real_get(ids)
-        return [(a * float("nan"), f) if sid == bad else (a, f) for sid, (a, f) in zip(ids, out)]
+        return [(a * float("nan"), f) if sid == bad else (a, f) for sid, (a, f) in zip(ids, out, strict=True)]
 
     tr.features.get = get
     tr.run()
@@ -134,3 +133,21 @@ def test_bad_inputs_fail_before_anything_is_written(run_factory, tmp_path):
         Trainer(two)
     assert (ck / "model.safetensors").read_bytes() == good
     shutil.rmtree(root)
+
+
+def test_streamed_features_plug_in(run_factory):
+    """train.features=stream: the extraction stage's FeatureStream feeds the trainer through the FeatureSource
+    protocol; its values equal the stored shards (both bf16 from the same target) and a step trains."""
+    from draftsmith.drafter.data import OfflineFeatures, StreamedFeatures
+
+    s = run_factory("stream", ttt_steps=2, max_steps=1, eval_fraction=0.0)
+    s = s.model_copy(update={"train": s.train.model_copy(update={"features": "stream"})})
+    tr = Trainer(s)
+    assert isinstance(tr.features, StreamedFeatures) and tr.features.layer_ids == [1, 14, 26]
+    sid = tr.train_ids[0]
+    (a1, f1), = tr.features.get([sid])
+    (a0, f0), = OfflineFeatures(tr.paths.features).get([sid])
+    assert a1.shape == a0.shape and f1.shape == f0.shape
+    torch.testing.assert_close(a1.float(), a0.float(), rtol=0.02, atol=0.05)
+    torch.testing.assert_close(f1.float(), f0.float(), rtol=0.02, atol=0.05)
+    assert tr.run()["step"] == 1

@@ -174,7 +174,7 @@ def collate(
     mask = torch.zeros(B, T, dtype=torch.bool)
     aux = torch.zeros(B, T, H3, dtype=dtype)
     fin = torch.zeros(B, T, H, dtype=dtype)
-    for b, (s, (a, f)) in enumerate(zip(samples, feats)):
+    for b, (s, (a, f)) in enumerate(zip(samples, feats, strict=True)):
         n = s.input_ids.numel()
         if a.shape[0] != n or f.shape[0] != n:
             raise DataError(
@@ -205,7 +205,7 @@ class StreamedFeatures:
     def get(self, sample_ids: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         seqs = [self.samples.samples[i].input_ids for i in sample_ids]
         out = []
-        for ids, f in zip(seqs, self.stream.features(seqs)):
+        for ids, f in zip(seqs, self.stream.features(seqs), strict=True):
             if f is None:
                 n = ids.numel()
                 out.append((torch.full((n, 3 * self.hidden_size), float("nan")),

@@ -74,8 +74,11 @@ def write_reference_run(
     shard = {"file": "samples-00000.safetensors", "sample_ids": [s[0] for s in samples],
              "lengths": [len(s[1]) for s in samples], "sha256": sha}
     name = Path(target_path).name
+    from draftsmith.features.plan import tokenizer_sha256
+
+    tok_sha = tokenizer_sha256(Path(target_path))
     (root / "data" / "manifest.json").write_text(json.dumps(
-        {"schema": "draftsmith.data/1", "tokenizer": {"path": str(target_path), "sha256": ""},
+        {"schema": "draftsmith.data/1", "tokenizer": {"path": str(target_path), "sha256": tok_sha},
          "target_model": name, "max_length": max(shard["lengths"]), "shards": [shard], "config": {}}))
     counts = torch.bincount(ids_all.long()[mask_all.bool()], minlength=V)
     order = torch.argsort(counts, descending=True, stable=True)
@@ -105,7 +108,7 @@ def write_reference_run(
     save_file({"aux_hidden": torch.cat(auxs), "final_hidden": torch.cat(fins), "offsets": offsets},
               str(root / "features" / "features-00000.safetensors"))
     (root / "features" / "manifest.json").write_text(json.dumps(
-        {"schema": "draftsmith.features/1", "target_model": name, "target_revision": "", "tokenizer_sha256": "",
+        {"schema": "draftsmith.features/1", "target_model": name, "target_revision": "", "tokenizer_sha256": tok_sha,
          "layer_ids": list(layer_ids), "hidden_size": H, "dtype": str(dtype).removeprefix("torch."),
          "final_hidden": "post_norm", "shards": [{**shard, "file": "features-00000.safetensors"}],
          "data_manifest_sha256": ""}))

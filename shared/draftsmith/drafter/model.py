@@ -178,7 +178,7 @@ class Eagle3Drafter(nn.Module):
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
         cos, sin = self.rotary(hidden, pos)  # [B, T, d]
         residual = None
-        for layer, cache in zip(self.layers, caches):
+        for layer, cache in zip(self.layers, caches, strict=True):
             hidden, residual = layer(embeds, hidden, residual, cos, sin, cache)
         prenorm = hidden + residual  # [B, T, H]
         return self.norm(prenorm), prenorm

@@ -112,7 +112,9 @@ def estimate_acceptance(
             for p in range(a):
                 per_pos[p] += 1
             seq = seq + [g] + d[:a]
-            cache.crop(len(seq))
+            drop = cache.get_seq_length() - len(seq)  # rejected drafts leave the target's KV cache
+            if drop > 0:
+                cache.crop(-drop)
             aux = torch.cat([aux, new_aux[: 1 + a]])
             g = int(pred[a])
             generated += d[:a] + [g]

@@ -274,9 +274,9 @@ class Trainer:
         for split, st in (("train", interval), ("heldout", held)):
             if st is None:
                 continue
-            for j, (l, a) in enumerate(zip(st.losses, st.accs)):
-                metrics.TRAIN_LOSS.labels(run, split, str(j)).set(l)
-                metrics.TRAIN_ACC.labels(run, split, str(j)).set(a)
+            for j, (loss_j, acc_j) in enumerate(zip(st.losses, st.accs, strict=True)):
+                metrics.TRAIN_LOSS.labels(run, split, str(j)).set(loss_j)
+                metrics.TRAIN_ACC.labels(run, split, str(j)).set(acc_j)
             metrics.TRAIN_ACCEPT_LEN.labels(run, split).set(st.acceptance_length)
         if self.dist.main:
             snap = {"stage": "train", "step": self.step, "total_steps": self.total_steps, "epoch": self.epoch,

@@ -105,11 +105,11 @@ class StepStats:
 
     @property
     def losses(self) -> list[float]:
-        return [s / max(n, 1.0) for s, n in zip(self.loss_sum, self.loss_rows)]
+        return [s / max(n, 1.0) for s, n in zip(self.loss_sum, self.loss_rows, strict=True)]
 
     @property
     def accs(self) -> list[float]:
-        return [c / max(n, 1.0) for c, n in zip(self.correct, self.supervised)]
+        return [c / max(n, 1.0) for c, n in zip(self.correct, self.supervised, strict=True)]
 
     @property
     def acceptance_length(self) -> float:
