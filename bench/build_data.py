@@ -22,7 +22,7 @@ from draftsmith.data.build import build_data
 from draftsmith.data.render import load_tokenizer
 from draftsmith.target.embedded import embedded_dir
 
-PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "prompts" / "gsm8k_train.jsonl"
+PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts" / "gsm8k_train.jsonl"
 
 
 def main() -> None:

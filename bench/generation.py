@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import redis
-
 from draftsmith.config import load_settings
 from draftsmith.generation.client import ChatClient
 from draftsmith.generation.enqueue import enqueue

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from draftsmith.generation.client import ChatClient, ChatError, classify_status, parse_chat_response
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "generation"

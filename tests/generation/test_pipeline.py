@@ -19,7 +19,6 @@ import httpx
 import psutil
 import pytest
 import redis
-
 from draftsmith.config import load_settings
 from draftsmith.errors import ModelNotServed, TargetUnavailable
 from draftsmith.generation.enqueue import enqueue

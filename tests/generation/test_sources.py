@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from draftsmith.errors import SourceError
 from draftsmith.generation.sources import RowError, extract_prompts, prompt_id, row_to_messages
 

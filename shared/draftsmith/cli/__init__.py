@@ -55,16 +55,8 @@ def settings(**overrides: Any):
     return s
 
 
-# Stage modules register their commands on `app` when imported.
-from draftsmith.cli import config_cmd  # noqa: E402,F401
-from draftsmith.cli import target  # noqa: E402,F401
-from draftsmith.cli import generate  # noqa: E402,F401
-from draftsmith.cli import data  # noqa: E402,F401
-from draftsmith.cli import extract  # noqa: E402,F401
-from draftsmith.cli import train  # noqa: E402,F401
-from draftsmith.cli import eval  # noqa: E402,F401
-from draftsmith.cli import stack  # noqa: E402,F401
-from draftsmith.cli import demo  # noqa: E402,F401
+# Stage modules register their commands on `app` when imported, in pipeline order (the order of --help).
+from draftsmith.cli import target, generate, data, extract, train, eval, demo, stack, config_cmd  # noqa: E402,F401,I001
 
 
 def main() -> None:

@@ -60,7 +60,7 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: InflightCap, 
         if token:
             await asyncio.to_thread(cap.release, token.pop())
 
-    for i, msg in enumerate(prompt["messages"]):
+    for msg in prompt["messages"]:
         messages.append(dict(msg))
         if msg["role"] != "user":
             continue
