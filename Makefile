@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 # ---- GPU host: the Compose stack (compose.yaml, .env; docs/gpu-host.md) ----
 ENV_FILE ?= .env
 ENGINE ?= vllm
-RUN ?= default
+RUN ?= demo
 SOURCE ?= /data/prompts/gsm8k_train.jsonl
 LIMIT ?=
 N ?= 2
@@ -56,7 +56,6 @@ scale: check-secrets ## Run N generator containers: make scale N=4
 
 # ---------------------------------------------------------------- embedded CPU default (no GPU, no Docker)
 DEMO_SIZE ?= default
-RUN ?= demo
 PYTEST_ARGS ?=
 
 .PHONY: redis
