@@ -57,19 +57,21 @@ SIZES: dict[str, DemoSize] = {
         },
         workers=3,
     ),
-    # the best drafter the 45-minute budget allows on 2 CPU cores
+    # the best drafter the 45-minute budget allows on 2 CPU cores (sizing in docs/benchmarks.md)
     "default": DemoSize(
         name="default",
-        pools={"gsm8k_train.jsonl": 600, "self_instruct_seed_tasks.jsonl": 175, "user_oriented_instructions.jsonl": 252},
+        pools={"gsm8k_train.jsonl": 300, "self_instruct_seed_tasks.jsonl": 175, "user_oriented_instructions.jsonl": 252},
         config={
-            "target": {"enforce_eager": False, "max_model_len": 4096},
-            "generation": {"max_tokens": 384, "batch_size": 16, "concurrency": 64},
+            "target": {"enforce_eager": False, "max_model_len": 4096, "kv_cache_gib": 4},
+            "generation": {"max_tokens": 320, "batch_size": 16, "concurrency": 64},
             "data": {"max_length": 1024, "draft_vocab_size": 8192},
-            "train": {"draft_vocab_size": 8192, "epochs": 3, "lr": 5e-4, "batch_size": 8, "batch_tokens": 4096,
-                      "eval_every": 100, "log_every": 10, "save_every": 200, "warmup_ratio": 0.03},
+            "train": {"draft_vocab_size": 8192, "ttt_steps": 4, "epochs": 3, "lr": 1e-3, "batch_size": 8,
+                      "batch_tokens": 4096, "eval_every": 100, "log_every": 10, "save_every": 200,
+                      "warmup_ratio": 0.03},
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 10, "max_tokens": 128,
                      "concurrency": 4, "k": 3},
         },
+        workers=4,
     ),
 }
 
