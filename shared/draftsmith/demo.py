@@ -64,7 +64,7 @@ SIZES: dict[str, DemoSize] = {
         config={
             "target": {"enforce_eager": False, "max_model_len": 4096, "kv_cache_gib": 4},
             "generation": {"max_tokens": 320, "batch_size": 16, "concurrency": 64},
-            "data": {"max_length": 1024, "draft_vocab_size": 8192},
+            "data": {"max_length": 1024, "draft_vocab_size": 8192, "shard_samples": 128},
             "train": {"draft_vocab_size": 8192, "ttt_steps": 4, "epochs": 3, "lr": 1e-3, "batch_size": 8,
                       "batch_tokens": 4096, "eval_every": 100, "log_every": 10, "save_every": 200,
                       "warmup_ratio": 0.03},

@@ -98,7 +98,12 @@ def print_status(s: Settings) -> bool:
     except redis.RedisError:
         client = None
     finished = True
-    if paths.prompts.exists():
+    live = False
+    if client is not None:
+        from draftsmith.generation.progress import ProgressBoard
+
+        live = bool(ProgressBoard(client, s.redis.prefix, paths.root).read())
+    if paths.prompts.exists() or live:
         snap = snapshot(client, s.redis.prefix, paths.root, in_flight)
         src = "" if snap.source == "redis" else " (from disk)"
         typer.echo(f"generation{src}: {snap.line()}")

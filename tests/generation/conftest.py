@@ -1,6 +1,6 @@
 """A fault-injecting HTTP proxy in front of the real vLLM server: the first requests fail as listed
-("503", "429", "reset", "400ctx"), then requests are forwarded unchanged. Only the failures are made up; every
-answer comes from the real server."""
+("503", "429", "reset", "400ctx"), then requests are forwarded unchanged; it also counts requests in flight.
+Only the failures are made up; every answer comes from the real server."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ class FaultProxy:
         self.upstream = upstream.rstrip("/")
         self.faults = list(faults)
         self.requests = 0
+        self.inflight = 0
+        self.max_concurrent = 0
         self.lock = threading.Lock()
         proxy = self
 
@@ -47,8 +49,15 @@ class FaultProxy:
                 if fault == "400ctx":
                     self._send(400, (FIX / "vllm_400_prompt_too_long.json").read_bytes())
                     return
-                r = httpx.request(method, proxy.upstream + self.path, content=body,
-                                  headers={"Content-Type": "application/json"}, timeout=600)
+                with proxy.lock:
+                    proxy.inflight += 1
+                    proxy.max_concurrent = max(proxy.max_concurrent, proxy.inflight)
+                try:
+                    r = httpx.request(method, proxy.upstream + self.path, content=body,
+                                      headers={"Content-Type": "application/json"}, timeout=600)
+                finally:
+                    with proxy.lock:
+                        proxy.inflight -= 1
                 self._send(r.status_code, r.content)
 
             def _send(self, code: int, data: bytes) -> None:

@@ -236,3 +236,60 @@ def test_unknown_model_lists_served_ones(tmp_path, redis_url, vllm_server):
     s.target.model = "no-such-model"
     with pytest.raises(ModelNotServed, match="it serves: SmolLM2-135M-Instruct"):
         enqueue(s, GSM8K, 2, 2, say=lambda m: None)
+
+
+def test_dry_run_validates_and_enqueues_nothing(tmp_path, redis_url):
+    s = make_settings(tmp_path, redis_url, f"http://127.0.0.1:{free_port()}")  # no server needed for a dry run
+    lines: list[str] = []
+    rep = enqueue(s, GSM8K, 5, 2, dry_run=True, say=lines.append)
+    assert lines[1:] == ["Extracted 5 unique questions", "Pending: 5 (skipping 0 already done)",
+                         "Dry run: nothing enqueued"]
+    assert rep.jobs == [] and not (Path(s.runs_dir) / "t" / "prompts.jsonl").exists()
+    assert get_queue(redis.Redis.from_url(redis_url), "dstest", "generate").count == 0
+
+
+def test_low_free_disk_is_refused_and_keeps_work(tmp_path, redis_url):
+    from draftsmith.errors import DiskSpaceError
+
+    s = make_settings(tmp_path, redis_url, f"http://127.0.0.1:{free_port()}", min_free_disk_gb=1e9)
+    with pytest.raises(DiskSpaceError, match="GB free under"):
+        enqueue(s, GSM8K, 2, 2, say=lambda m: None)
+    assert get_queue(redis.Redis.from_url(redis_url), "dstest", "generate").count == 0
+
+
+def test_status_shows_the_phase_from_the_first_second(tmp_path, redis_url):
+    """Before a single record exists, `status` already says what the run is doing (failure mode 3)."""
+    from draftsmith.generation.progress import ProgressBoard
+
+    s = make_settings(tmp_path, redis_url, "http://127.0.0.1:1")
+    root = Path(s.runs_dir) / "t"
+    root.mkdir(parents=True)
+    ProgressBoard(redis.Redis.from_url(redis_url), "dstest", root).set(phase="loading dataset")
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "status", "--run", "t"], env=env_for(s),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("generation: [loading dataset] 0/0 done"), p.stdout + p.stderr
+
+
+def test_cli_dead_target_is_one_line_exit_2(tmp_path, redis_url):
+    s = make_settings(tmp_path, redis_url, f"http://127.0.0.1:{free_port()}")
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "enqueue", "--run", "t", "--source", GSM8K, "--limit", "2"],
+                       env=env_for(s), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    err = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and "does not answer" in err[0] and "draftsmith target serve" in err[0]
+    assert "Extracted 2 unique questions" in p.stdout  # the source was fine; nothing was enqueued
+    assert get_queue(redis.Redis.from_url(redis_url), "dstest", "generate").count == 0
+
+
+@pytest.mark.e2e
+def test_inflight_cap_is_shared_by_all_workers(tmp_path, redis_url, vllm_server, fault_proxy):
+    """Two worker processes, jobs of 4 prompts each, cap 3: never more than 3 requests reach the server at once."""
+    probe = fault_proxy(vllm_server, faults=[])  # no faults: it only counts requests in flight
+    s = make_settings(tmp_path, redis_url, probe.url, max_tokens=16, concurrency=3)
+    enqueue(s, GSM8K, 8, 4, say=lambda m: None)
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "worker", "--burst", "--processes", "2",
+                        "--concurrency", "3", "--metrics-port", "0"], env=env_for(s), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert len(records_by_id(s)) == 8
+    assert probe.max_concurrent == 3  # reached, never exceeded

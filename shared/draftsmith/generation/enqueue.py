@@ -98,6 +98,14 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     paths = RunPaths(s.runs_dir, s.run)
     report = EnqueueReport()
     existing = load_prompts(paths.prompts)
+    board = None
+    if not dry_run:
+        from draftsmith.queues import connect as _connect
+
+        paths.ensure()
+        board = ProgressBoard(_connect(s.redis.url), s.redis.prefix, paths.root)
+        if not board.read().get("started_at"):
+            board.set(phase="loading dataset")  # `status` shows it from the first second of the run
     if source:
         say(f"Loading dataset {source}...")
         result = extract_prompts(source, limit, split, s.generation.system_prompt)
@@ -139,7 +147,6 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     report.pending = len(pending)
     say(f"Pending: {len(pending)} (skipping {len(batch_prompts) - len(wanted)} already done"
         + (f", {report.queued_already} already queued)" if report.queued_already else ")"))
-    board = ProgressBoard(client, s.redis.prefix, paths.root)
     if not active:
         board.reset()
     board.set(phase="enqueued" if pending or active else "done", total=report.total, done_at_start=report.done)

@@ -1,0 +1,67 @@
+"""The one config schema: YAML file < environment < flags, unknown keys rejected, every field documented, and the
+CLI's one-line error with exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from draftsmith.config import Settings, describe_fields, load_settings
+from draftsmith.errors import ConfigError
+
+
+def test_precedence_file_env_flags(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("run: from-file\ngeneration:\n  concurrency: 7\n  max_tokens: 11\n")
+    monkeypatch.setenv("DRAFTSMITH_GENERATION__CONCURRENCY", "9")
+    s = load_settings(cfg, {"generation": {"max_tokens": 13, "batch_size": None}})
+    assert s.run == "from-file"
+    assert s.generation.concurrency == 9  # env beats the file
+    assert s.generation.max_tokens == 13  # flags beat both
+    assert s.generation.batch_size == 16  # None flags are ignored: the default stays
+
+
+def test_unknown_keys_are_rejected_everywhere(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("generation:\n  concurency: 7\n")
+    with pytest.raises(ConfigError, match="unknown config key 'generation.concurency'"):
+        load_settings(cfg)
+    monkeypatch.setenv("DRAFTSMITH_TRAIN__EPOCS", "3")
+    with pytest.raises(ConfigError, match="unknown config key 'train.epocs'"):
+        load_settings(None)
+
+
+def test_invalid_values_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="'generation.concurrency'"):
+        load_settings(None, {"generation": {"concurrency": 0}})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "missing.yaml")
+
+
+def test_every_field_has_a_default_and_a_doc():
+    rows = describe_fields(Settings)
+    assert len(rows) > 80
+    missing = [key for key, _, doc in rows if not doc.strip()]
+    assert missing == []
+
+
+def test_test_and_bench_variables_are_not_config(monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_TEST_ANYTHING", "x")
+    monkeypatch.setenv("DRAFTSMITH_BENCH_ANYTHING", "y")
+    assert load_settings(None).run == "default"
+
+
+def test_cli_prints_one_line_and_exits_2_before_touching_anything(tmp_path):
+    env = {**os.environ, "DRAFTSMITH_GENERATION__CONCURENCY": "3", "DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs")}
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "enqueue", "--source", "nowhere.jsonl"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "unknown config key 'generation.concurency'" in lines[0]
+    assert not (tmp_path / "runs").exists()
