@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
@@ -79,17 +80,28 @@ def snapshot_line(snap: dict) -> str:
     return ", ".join(f"{k} {snap[k]}" for k in keys)
 
 
-def print_status(s: Settings) -> bool:
-    """Print the run's status; returns True when nothing is left to wait for."""
+@dataclass
+class RunStatus:
+    """Everything ``status`` shows: one line per stage, generation's done/total, and whether to stop watching."""
+
+    lines: list[str] = field(default_factory=list)
+    finished: bool = True
+    done: int = 0
+    total: int = 0
+
+
+def collect_status(s: Settings) -> RunStatus:
+    """Read the run's status from Redis (generation) and the stage snapshots (every other stage)."""
     import redis
 
     from draftsmith.generation.inflight import InflightCap
-    from draftsmith.generation.progress import snapshot
+    from draftsmith.generation.progress import ProgressBoard, snapshot
 
     paths = RunPaths(s.runs_dir, s.run)
+    out = RunStatus()
     if not paths.root.exists():
-        typer.echo(f"run {s.run}: nothing under {paths.root} yet (phase: not started)")
-        return True
+        out.lines.append(f"run {s.run}: nothing under {paths.root} yet (phase: not started)")
+        return out
     client, in_flight = None, 0
     try:
         client = redis.Redis.from_url(s.redis.url, socket_connect_timeout=2)
@@ -97,21 +109,57 @@ def print_status(s: Settings) -> bool:
         in_flight = InflightCap(client, s.redis.prefix, 1, 0).in_flight()
     except redis.RedisError:
         client = None
-    finished = True
-    live = False
-    if client is not None:
-        from draftsmith.generation.progress import ProgressBoard
-
-        live = bool(ProgressBoard(client, s.redis.prefix, paths.root).read())
+    live = client is not None and bool(ProgressBoard(client, s.redis.prefix, paths.root).read())
     if paths.prompts.exists() or live:
         snap = snapshot(client, s.redis.prefix, paths.root, in_flight)
         src = "" if snap.source == "redis" else " (from disk)"
-        typer.echo(f"generation{src}: {snap.line()}")
-        finished = snap.phase in ("done", "idle", "empty")
+        out.lines.append(f"generation{src}: {snap.line()}")
+        out.finished = snap.phase in ("done", "idle", "empty")
+        out.done, out.total = snap.done, snap.total
     for st in read_snapshots(paths.root):
         age = time.time() - st["updated_at"]
         phase = snapshot_phase(st)
-        typer.echo(f"{st['stage']}: [{phase}] {snapshot_line(st)} (updated {age:.0f} s ago)")
+        out.lines.append(f"{st['stage']}: [{phase}] {snapshot_line(st)} (updated {age:.0f} s ago)")
         if phase not in ("done", "failed", "skipped"):
-            finished = False
-    return finished
+            out.finished = False
+    return out
+
+
+def print_status(s: Settings) -> bool:
+    """Print the run's status once; returns True when nothing is left to wait for."""
+    st = collect_status(s)
+    for line in st.lines:
+        typer.echo(line)
+    return st.finished
+
+
+def watch_status(s: Settings, interval_s: float) -> None:
+    """Refresh the status until the run is finished: a rich progress bar of generation on a terminal, plain
+    lines otherwise (logs stay greppable)."""
+    import sys
+
+    if not sys.stdout.isatty():
+        while not print_status(s):
+            time.sleep(interval_s)
+        return
+    from rich.console import Group
+    from rich.live import Live
+    from rich.progress_bar import ProgressBar
+    from rich.text import Text
+
+    def view() -> tuple[Group, bool]:
+        st = collect_status(s)
+        parts = []
+        if st.total:
+            parts.append(Text(f"generation {st.done}/{st.total}"))
+            parts.append(ProgressBar(total=st.total, completed=st.done, width=60))
+        parts.extend(Text(line) for line in st.lines)
+        return Group(*parts), st.finished
+
+    with Live(view()[0], refresh_per_second=4) as live:
+        while True:
+            group, finished = view()
+            live.update(group)
+            if finished:
+                return
+            time.sleep(interval_s)

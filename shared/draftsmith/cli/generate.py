@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import typer
 
 from draftsmith.cli import app, settings
@@ -58,11 +56,10 @@ def status(
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between refreshes with --watch."),
 ) -> None:
     """Print the phase and progress of a run's stages (generation from Redis or disk; others from snapshots)."""
-    from draftsmith.status import print_status
+    from draftsmith.status import print_status, watch_status
 
     s = settings(run=run)
-    while True:
-        finished = print_status(s)
-        if not watch or finished:
-            return
-        time.sleep(interval)
+    if watch:
+        watch_status(s, interval)
+    else:
+        print_status(s)
