@@ -23,20 +23,6 @@ COPIED_FIELDS = (
 )
 
 
-def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """Aux layer ids ``(1, L//2 - 1, L - 4)`` (the features stage's default)."""
-    from draftsmith.features.layers import default_layer_ids as features_default
-
-    return features_default(num_layers)
-
-
-def hf_hidden_index(layer_id: int) -> int:
-    """Index into transformers' ``output_hidden_states`` of the output of decoder layer ``layer_id``."""
-    from draftsmith.features.layers import hf_hidden_index as features_index
-
-    return features_index(layer_id)
-
-
 def vllm_layer_ids(layer_ids: list[int]) -> list[int]:
     """vLLM's ``eagle_aux_hidden_state_layer_ids`` for our ``layer_ids`` (``i + 1``)."""
     from draftsmith.features.layers import vllm_aux_ids
@@ -130,7 +116,7 @@ def derive_config(
     Args:
         target_path: target checkpoint folder.
         draft_vocab_size: N, the size of the draft vocabulary (``d2t`` length).
-        layer_ids: aux layer ids (outputs of decoder layers); None = :func:`default_layer_ids`.
+        layer_ids: aux layer ids (outputs of decoder layers); None = :func:`draftsmith.features.layers.default_layer_ids`.
         num_layers: decoder layers of the drafter (1 for EAGLE-3).
         norm_before_residual: residual carries the normed feature (vLLM flag of the same name).
 
@@ -143,6 +129,8 @@ def derive_config(
     if missing:
         raise ModelError(f"target config lacks {missing}", "use a decoder-only Hugging Face checkpoint")
     n_layers = int(text["num_hidden_layers"])
+    from draftsmith.features.layers import default_layer_ids
+
     ids = list(layer_ids) if layer_ids else list(default_layer_ids(n_layers))
     if any(i < 0 or i >= n_layers - 1 for i in ids):
         raise ModelError(f"aux layer ids {ids} are outside 0..{n_layers}", "pick ids of existing target layers")

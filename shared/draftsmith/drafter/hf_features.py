@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.drafter.config import hf_hidden_index
+from draftsmith.features.layers import hf_hidden_index
 
 
 def load_target(target_path, dtype: torch.dtype = torch.float32):

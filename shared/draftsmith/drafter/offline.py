@@ -78,9 +78,9 @@ def estimate_acceptance(
     """
     from transformers import AutoTokenizer, DynamicCache
 
-    from draftsmith.drafter.config import hf_hidden_index
     from draftsmith.drafter.hf_features import load_target
     from draftsmith.drafter.load import load_export_model
+    from draftsmith.features.layers import hf_hidden_index
 
     tok = AutoTokenizer.from_pretrained(str(target_path))
     target = load_target(target_path)
