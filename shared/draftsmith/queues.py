@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import redis
 from rq import Queue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from draftsmith.errors import QueueError
@@ -43,3 +45,18 @@ def queue_name(prefix: str, stage: str) -> str:
 def get_queue(client: redis.Redis, prefix: str, stage: str) -> Queue:
     """The rq queue of a stage, with the JSON serializer."""
     return Queue(queue_name(prefix, stage), connection=client, serializer=JSONSerializer)
+
+
+def fetch_job(client: redis.Redis, job_id: str) -> Job | None:
+    """The rq job ``job_id``, or None when it does not exist or only a fragment of it is left.
+
+    A fragment happens when Redis loses its data (FLUSHDB, a restart without persistence) while a worker still runs
+    the job: the worker's heartbeat re-creates the job hash with only ``status``/``worker_name``/``last_heartbeat``,
+    and rq cannot load it. Such a fragment is deleted, so the job can be enqueued again under the same id; the
+    worker that still runs it writes through the run folder's locks, which drop duplicate records.
+    """
+    try:
+        return Job.fetch(job_id, connection=client, serializer=JSONSerializer)
+    except NoSuchJobError:
+        client.delete(Job.key_for(job_id))
+        return None

@@ -29,11 +29,10 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
         QueueError: Redis does not answer at ``redis.url``.
     """
     from rq import Queue
-    from rq.exceptions import NoSuchJobError
-    from rq.job import Job, JobStatus
+    from rq.job import JobStatus
     from rq.serializers import JSONSerializer
 
-    from draftsmith.queues import connect, queue_name
+    from draftsmith.queues import connect, fetch_job, queue_name
 
     conn = connect(settings.redis.url)
     q = Queue(queue_name(settings.redis.prefix, "extract"), connection=conn, serializer=JSONSerializer)
@@ -41,14 +40,12 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     ids = []
     for shard in shards:
         jid = job_id(settings.run, shard)
-        try:
-            old = Job.fetch(jid, connection=conn, serializer=JSONSerializer)
+        old = fetch_job(conn, jid)
+        if old is not None:
             if old.get_status() in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED):
                 log.info("shard %05d already %s as job %s", shard, old.get_status(), jid)
                 continue
             old.delete()
-        except NoSuchJobError:
-            pass
         q.enqueue(JOB_FUNC, args=(run_dir, shard, dumped), job_id=jid,
                   job_timeout=settings.extract.job_timeout_s, result_ttl=7 * 86400, failure_ttl=7 * 86400,
                   description=f"extract {settings.run} shard {shard}")

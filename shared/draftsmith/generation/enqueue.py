@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rq import Retry
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -26,6 +26,7 @@ from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
 from draftsmith.generation.store import done_ids, load_prompts
 from draftsmith.paths import RunPaths, atomic_write_text
+from draftsmith.queues import fetch_job
 
 JOB_FUNC = "draftsmith.generation.jobs.generate_job"
 ACTIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
@@ -74,7 +75,8 @@ def active_prompt_ids(queue, run_root: Path) -> set[str]:
     for reg in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
         job_ids.update(reg(queue.name, connection=conn, serializer=JSONSerializer).get_job_ids(cleanup=False))
     want = str(Path(run_root).resolve())
-    for job in Job.fetch_many(list(job_ids), connection=conn, serializer=JSONSerializer):
+    for jid in sorted(job_ids):
+        job = fetch_job(conn, jid)
         if job is None or job.get_status(refresh=False) not in ACTIVE:
             continue
         kw = job.kwargs or {}
@@ -155,7 +157,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     for start in range(0, len(pending), batch_size):
         ids = pending[start : start + batch_size]
         jid = job_id_for(paths.root, ids)
-        old = Job.fetch_many([jid], connection=client, serializer=JSONSerializer)[0]
+        old = fetch_job(client, jid)
         if old is not None:
             if old.get_status(refresh=False) in ACTIVE:
                 continue
