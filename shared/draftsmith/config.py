@@ -170,6 +170,10 @@ class TrainConfig(Section):
     features: Literal["offline", "stream"] = Field(
         "offline", description="Read features/ shards, or stream them from the extractor."
     )
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="Data parallelism under torchrun: ddp replicates the drafter; fsdp shards weights, "
+        "gradients and optimizer state (FSDP2) for drafters too big to replicate.",
+    )
 
 
 class ExportConfig(Section):

@@ -1,5 +1,9 @@
-"""Run by ``torchrun --nproc_per_node 2`` from test_ddp.py: one DDP training step on CPU (gloo), then each rank
-writes a digest of its weights so the test can check that both ranks agree (and moved away from the init)."""
+"""Run by ``torchrun --nproc_per_node 2`` from test_ddp.py: a short training on CPU (gloo) with DDP or FSDP.
+
+Each DDP rank (rank 0 under FSDP) writes a digest of the whole weights before and after; rank 0 also writes them
+(``weights.safetensors``) so the test can compare DDP with FSDP and an interrupted FSDP run with a straight one.
+Usage: ``ddp_worker.py RUNS_DIR RUN TARGET VOCAB OUT PARALLEL MAX_STEPS [STOP_AT]``.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ import sys
 
 import torch
 from draftsmith.config import load_settings
-from draftsmith.drafter.checkpoint import model_state
 from draftsmith.drafter.trainer import Trainer
+from safetensors.torch import save_file
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:
@@ -23,18 +27,24 @@ def digest(state: dict[str, torch.Tensor]) -> str:
 
 
 def main() -> None:
-    runs_dir, target, vocab, out = sys.argv[1:5]
+    runs_dir, run, target, vocab, out, parallel, max_steps = sys.argv[1:8]
+    stop_at = int(sys.argv[8]) if len(sys.argv) > 8 else None
     torch.set_num_threads(1)
-    s = load_settings(None, {"runs_dir": runs_dir, "run": "ddp", "target": {"path": target},
-                             "train": {"draft_vocab_size": int(vocab), "ttt_steps": 2, "max_steps": 1,
+    s = load_settings(None, {"runs_dir": runs_dir, "run": run, "target": {"path": target},
+                             "train": {"draft_vocab_size": int(vocab), "ttt_steps": 2, "max_steps": int(max_steps),
                                        "batch_size": 2, "batch_tokens": 320, "eval_fraction": 0.15,
-                                       "save_every": 1000, "eval_every": 1000, "resume": False, "lr": 1e-3}})
+                                       "save_every": 1, "eval_every": 1000, "lr": 1e-3, "parallel": parallel}})
     tr = Trainer(s)
-    before = digest(model_state(tr.model))
-    tr.run()
     rank = int(os.environ["RANK"])
+    before = digest(tr.weights())  # collective under FSDP: every rank calls it; only rank 0 gets the tensors
+    result = tr.run(stop_at=stop_at)
+    after = tr.weights()
+    if rank == 0:
+        save_file(after, f"{out}/weights.safetensors")
+    digests = {"before": before, "after": digest(after)} if rank == 0 or not tr.sharded else {}
     with open(f"{out}/rank{rank}.json", "w") as f:
-        json.dump({"before": before, "after": digest(model_state(tr.model)), "world": tr.dist.world}, f)
+        json.dump({"world": tr.dist.world, "sharded": tr.sharded, "step": result["step"],
+                   "start_step": tr._resume_at[0], **digests}, f)
     torch.distributed.destroy_process_group()
 
 

@@ -1,8 +1,9 @@
 """Training checkpoints: atomic, rotated, complete enough to resume exactly (``docs/formats.md`` section 5).
 
 ``checkpoints/step-XXXXXXXX/`` holds ``model.safetensors`` (trainable weights + ``d2t``/``t2d``; the frozen
-embedding is the target's and is not stored), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` (python, torch CPU
-and CUDA generators) and ``state.json`` (step, epoch, batch position, config, drafter config, vocab hash, target).
+embedding is the target's and is not stored), ``optimizer.pt`` (the whole, unsharded AdamW state keyed by parameter
+name, as ``torch.distributed.checkpoint.state_dict`` writes it: a checkpoint from one process, DDP or FSDP resumes
+under any of them), ``scheduler.pt``, ``rng.pt`` (python, torch CPU and CUDA generators) and ``state.json`` (step, epoch, batch position, config, drafter config, vocab hash, target).
 A checkpoint is written into ``.tmp-step-...`` and renamed, then ``latest.json`` is replaced atomically; the
 oldest beyond ``keep`` are removed.
 """
@@ -28,10 +29,36 @@ STATE_SCHEMA = "draftsmith.checkpoint/1"
 FROZEN = ("embed_tokens.weight",)
 
 
-def model_state(model) -> dict[str, torch.Tensor]:
-    """Weights to store: everything but the frozen embedding and the rotary buffers, contiguous."""
-    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
-            if k not in FROZEN and not k.startswith("rotary.")}
+def model_state(model, full: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Weights to store: everything but the frozen embedding and the rotary buffers, contiguous, on CPU.
+
+    ``full`` is an already gathered state dict (FSDP: :func:`full_model_state`); None reads ``model.state_dict()``.
+    """
+    sd = model.state_dict() if full is None else full
+    return {k: v.detach().contiguous().cpu() for k, v in sd.items() if k not in FROZEN and not k.startswith("rotary.")}
+
+
+def full_model_state(model) -> dict[str, torch.Tensor]:
+    """The whole (unsharded) model state dict on CPU, keyed by parameter name.
+
+    Collective under FSDP: every rank must call it; only rank 0 receives the tensors (the others get an empty dict).
+    Works the same on a plain or DDP-wrapped module (PyTorch's ``torch.distributed.checkpoint.state_dict`` API).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(model, optimizer) -> dict[str, Any]:
+    """The whole optimizer state dict on CPU, keyed by parameter name (collective under FSDP, like
+    :func:`full_model_state`).
+
+    Call it only after the first optimizer step: on an optimizer without state PyTorch initialises one by running
+    ``step()`` with zero gradients, which advances AdamW's step count and changes the next updates.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def rng_state() -> dict[str, Any]:
@@ -49,8 +76,14 @@ def set_rng_state(s: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-def save_checkpoint(folder: Path, model, optimizer, scheduler, state: dict[str, Any], keep: int) -> Path:
-    """Write ``folder/step-<step>/`` atomically and rotate; returns the new checkpoint folder."""
+def save_checkpoint(folder: Path, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any], scheduler,
+                    state: dict[str, Any], keep: int) -> Path:
+    """Write ``folder/step-<step>/`` atomically and rotate; returns the new checkpoint folder.
+
+    Args:
+        weights: :func:`model_state` (whole tensors, never FSDP shards).
+        optimizer_state: :func:`full_optimizer_state`.
+    """
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -60,8 +93,8 @@ def save_checkpoint(folder: Path, model, optimizer, scheduler, state: dict[str, 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_file(model_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"schema": STATE_SCHEMA, **state,
@@ -152,11 +185,20 @@ def load_model_weights(model, ckpt: Path) -> None:
     model.load_state_dict(sd, strict=False)
 
 
-def load_training_state(ckpt: Path, model, optimizer, scheduler) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler and RNG from ``ckpt``; returns its state.json."""
-    state = read_state(ckpt)
-    load_model_weights(model, ckpt)
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+def load_optimizer_state(ckpt: Path, model, optimizer, scheduler) -> None:
+    """Restore optimizer, scheduler and RNG from ``ckpt`` (the weights go first, with :func:`load_model_weights`,
+    before the model is sharded). Under FSDP every rank calls it; each takes its shard of the whole state.
+
+    Raises:
+        ModelError: the optimizer state names parameters this drafter does not have (another architecture).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    osd = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    try:
+        set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise ModelError(f"optimizer state of {ckpt} does not fit this drafter ({e})",
+                         "resume into the run that wrote it, or set train.resume=false to start over") from e
     scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
     set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
-    return state

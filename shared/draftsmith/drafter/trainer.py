@@ -1,7 +1,11 @@
-"""The training loop: AdamW + cosine warm-up, accumulation, clipping, DDP, checkpoints, held-out evaluation.
+"""The training loop: AdamW + cosine warm-up, accumulation, clipping, DDP/FSDP, checkpoints, held-out evaluation.
 
-Run under ``torchrun`` for data parallelism (DDP; gloo on CPU, NCCL on GPU): each rank takes every
-``world``-th micro-batch of the same deterministic, length-bucketed order. Prints one fixed-format progress line
+Run under ``torchrun`` for data parallelism (gloo on CPU, NCCL on GPU): each rank takes every ``world``-th
+micro-batch of the same deterministic, length-bucketed order. ``train.parallel=ddp`` replicates the drafter;
+``fsdp`` applies PyTorch's FSDP2 ``fully_shard`` to the whole TTT objective as one unit, so weights, gradients and
+AdamW state live sharded between steps and are gathered for each micro-batch (the TTT unroll calls the decoder
+layer k times, so finer units would gather it k times). Ranks stay in lockstep: a micro-batch that has to be
+skipped (NaN features) is replaced by a stand-in whose loss is multiplied by 0. Prints one fixed-format progress line
 per ``train.log_every`` steps, mirrors it as Prometheus metrics (``draftsmith.metrics`` training section) and as
 ``runs/<run>/status/train.json``. Everything is validated before the first write (failure modes 10-18 of
 ``../shared/notes/failure-modes.md``).
@@ -19,7 +23,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from draftsmith.drafter.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from draftsmith.drafter.checkpoint import (
+    full_model_state,
+    full_optimizer_state,
+    latest_checkpoint,
+    load_model_weights,
+    load_optimizer_state,
+    model_state,
+    read_state,
+    save_checkpoint,
+)
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, collate, make_batches
 from draftsmith.drafter.model import Eagle3Drafter
@@ -141,15 +154,25 @@ class Trainer:
             from draftsmith.drafter.load import load_pretrained
 
             load_pretrained(self.model, self.tc.init_from, remap=self.tc.remap_vocab)
+        self._resume_at = (0, 0, 0)  # step, epoch, micro-batch position
+        ckpt = latest_checkpoint(self.paths.checkpoints) if self.tc.resume else None
+        if ckpt is not None:
+            self._resume_weights(ckpt)  # before sharding: the file holds whole tensors
         self.model.to(self.dist.device)
         self.lm_head = self.lm_head.to(self.dist.device)
         self.train_ids, self.held_ids = self.samples.split(self.tc.eval_fraction)
         self.lengths = {i: self.samples.samples[i].input_ids.numel() for i in self.train_ids}
         self.objective = TTTObjective(self.model, self.tc.ttt_steps, self.tc.loss_decay)
         self.ddp = self.objective
-        if self.dist.world > 1:
+        self.sharded = self.dist.world > 1 and self.tc.parallel == "fsdp"
+        if self.sharded:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.objective)  # in place: self.model's parameters become DTensor shards
+        elif self.dist.world > 1:
             self.ddp = nn.parallel.DistributedDataParallel(
                 self.objective, device_ids=[self.dist.device] if self.dist.device.type == "cuda" else None)
+        self._standin_batch: dict[str, torch.Tensor] | None = None
         self.opt = torch.optim.AdamW(self.model.trainable_parameters(), lr=self.tc.lr, betas=tuple(self.tc.betas),
                                      weight_decay=self.tc.weight_decay)
         per_epoch = len(self._rank_batches(0)) // self.tc.grad_accum
@@ -159,12 +182,13 @@ class Trainer:
         self.total_steps = self.tc.max_steps or per_epoch * self.tc.epochs
         warm = int(self.tc.warmup_ratio * self.total_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, warm, self.tc.min_lr_ratio))
-        self.step, self.epoch, self.position = 0, 0, 0
+        self.step, self.epoch, self.position = self._resume_at
         self.nan_features = 0
         self._iv_cache: dict[str, torch.Tensor] = {}
-        ckpt = latest_checkpoint(self.paths.checkpoints) if self.tc.resume else None
         if ckpt is not None:
-            self._resume(ckpt)
+            load_optimizer_state(ckpt, self.model, self.opt, self.sched)
+            log.info("resumed from %s: step %d, epoch %d, micro-batch %d", ckpt.name, self.step, self.epoch,
+                     self.position)
 
     def _feature_source(self) -> FeatureSource:
         if self.tc.features == "stream":
@@ -178,14 +202,40 @@ class Trainer:
                             "re-run `draftsmith extract` for this run's target")
         return src
 
-    def _resume(self, ckpt) -> None:
-        state = json.loads((ckpt / "state.json").read_text()) if (ckpt / "state.json").is_file() else {}
+    def _resume_weights(self, ckpt) -> None:
+        """Check ``ckpt`` belongs to this run, load its weights and position (optimizer state comes later)."""
+        state = read_state(ckpt)
         if state.get("vocab_hash") not in (None, self.vocab_hash):
             raise TrainingError(f"checkpoint {ckpt.name} was trained with another draft vocabulary",
                                 "train into a new run, or set train.resume=false to start over in this one")
-        state = load_training_state(ckpt, self.model, self.opt, self.sched)
-        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
-        log.info("resumed from %s: step %d, epoch %d, micro-batch %d", ckpt.name, self.step, self.epoch, self.position)
+        load_model_weights(self.model, ckpt)
+        self._resume_at = (state["step"], state["epoch"], state["position"])
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The drafter's stored weights (:func:`model_state`), whole even under FSDP (collective there: every rank
+        calls it, rank 0 receives the tensors)."""
+        if self.sharded:
+            return model_state(self.model, full_model_state(self.model))
+        return model_state(self.model)
+
+    def _standin(self) -> dict[str, torch.Tensor]:
+        """A valid micro-batch run in place of a skipped one so that every rank joins the same collectives."""
+        if self._standin_batch is None:
+            for sid in self.train_ids:
+                self._standin_batch = self._batch([sid])
+                if self._standin_batch is not None:
+                    break
+            else:
+                raise DataError("no training sample has finite features", "re-extract the features")
+        return self._standin_batch
+
+    def _sync(self, last: bool):
+        """Context of one micro-batch's backward: gradients are reduced across ranks on the last one only."""
+        if self.sharded:
+            self.objective.set_requires_gradient_sync(last)
+        elif self.dist.world > 1 and not last:
+            return self.ddp.no_sync()
+        return _null()
 
     def _rank_batches(self, epoch: int) -> list[list[str]]:
         b = make_batches(self.lengths, self.tc.batch_tokens, self.tc.batch_size, self.tc.seed, epoch)
@@ -236,20 +286,27 @@ class Trainer:
         self.model.eval()
         total = StepStats()
         mine = self.held_ids[self.dist.rank :: self.dist.world]
-        for s in range(0, len(mine), self.tc.batch_size):
-            batch = self._batch(mine[s : s + self.tc.batch_size])
+        per_rank = -(-len(self.held_ids) // self.dist.world)  # every rank runs as many batches (FSDP gathers)
+        for s in range(0, per_rank, self.tc.batch_size):
+            ids = mine[s : s + self.tc.batch_size]
+            batch = self._batch(ids) if ids else None
             if batch is not None:
                 total.add(self._forward(batch, self.objective)[1])
+            elif self.sharded:
+                self._forward(self._standin(), self.objective)
         self.model.train()
         k = self.tc.ttt_steps
         t = total.as_tensor() if total.loss_sum else torch.zeros(4, k, dtype=torch.float64)
         return StepStats.from_tensor(_all_sum(t, self.dist))
 
     def _save(self) -> None:
+        full_model = full_model_state(self.model) if self.sharded else None  # collectives under FSDP:
+        full_optim = full_optimizer_state(self.model, self.opt)  # every rank calls them
         if self.dist.main:
             from draftsmith import metrics
 
-            save_checkpoint(self.paths.checkpoints, self.model, self.opt, self.sched, {
+            weights = model_state(self.model, full_model)
+            save_checkpoint(self.paths.checkpoints, weights, full_optim, self.sched, {
                 "step": self.step, "epoch": self.epoch, "position": self.position,
                 "config": self.s.model_dump(mode="json"), "drafter": self.cfg.to_dict(),
                 "vocab_hash": self.vocab_hash, "target": self.target_path}, self.tc.keep)
@@ -311,22 +368,25 @@ class Trainer:
             while self.position < usable and self.step < self.total_steps:
                 group = batches[self.position : self.position + tc.grad_accum]
                 for m, ids in enumerate(group):
-                    batch = self._batch(ids)
-                    last = m == len(group) - 1
-                    ctx = self.ddp.no_sync() if (self.dist.world > 1 and not last) else _null()
-                    with ctx:
+                    batch, scale = self._batch(ids), 1.0
+                    if batch is None and self.dist.world > 1:
+                        batch, scale = self._standin(), 0.0  # keeps the ranks in step, adds no gradient
+                    with self._sync(m == len(group) - 1):
                         if batch is None:
                             continue
                         loss, st = self._forward(batch, self.ddp)
                         if not torch.isfinite(loss):
                             raise TrainingError(f"loss is {loss.item()} at step {self.step}",
                                                 "the last good checkpoint is kept; lower train.lr or check features")
-                        (loss / tc.grad_accum).backward()
+                        (loss * scale / tc.grad_accum).backward()
+                    if not scale:
+                        continue
                     interval.add(st)
                     n_tok = float(batch["lengths"].sum())
                     tokens += n_tok
                     metrics.TRAIN_TOKENS.labels(self.s.run).inc(n_tok)
                 gnorm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), tc.grad_clip)
+                gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # FSDP: a DTensor
                 if not torch.isfinite(gnorm):
                     raise TrainingError(f"gradient norm is {gnorm.item()} at step {self.step}",
                                         "the last good checkpoint is kept; lower train.lr or check features")
