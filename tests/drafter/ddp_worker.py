@@ -2,7 +2,8 @@
 
 Each DDP rank (rank 0 under FSDP) writes a digest of the whole weights before and after; rank 0 also writes them
 (``weights.safetensors``) so the test can compare DDP with FSDP and an interrupted FSDP run with a straight one.
-Usage: ``ddp_worker.py RUNS_DIR RUN TARGET VOCAB OUT PARALLEL MAX_STEPS [STOP_AT]``.
+Usage: ``ddp_worker.py RUNS_DIR RUN TARGET VOCAB OUT PARALLEL MAX_STEPS [STOP_AT]``; ``POISON_RANK=r`` gives rank r
+NaN features in its first micro-batch.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def main() -> None:
                                        "save_every": 1, "eval_every": 1000, "lr": 1e-3, "parallel": parallel}})
     tr = Trainer(s)
     rank = int(os.environ["RANK"])
+    if os.environ.get("POISON_RANK") == str(rank):  # this rank's first micro-batch gets NaN features
+        real, calls = tr.features.get, {"n": 0}
+
+        def poisoned(ids):
+            calls["n"] += 1
+            feats = real(ids)
+            return [(a * float("nan"), f) for a, f in feats] if calls["n"] == 1 else feats
+
+        tr.features.get = poisoned
     before = digest(tr.weights())  # collective under FSDP: every rank calls it; only rank 0 gets the tensors
     result = tr.run(stop_at=stop_at)
     after = tr.weights()
@@ -44,6 +54,7 @@ def main() -> None:
     digests = {"before": before, "after": digest(after)} if rank == 0 or not tr.sharded else {}
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump({"world": tr.dist.world, "sharded": tr.sharded, "step": result["step"],
+                   "nan_feature_samples": tr.nan_features,
                    "start_step": tr._resume_at[0], **digests}, f)
     torch.distributed.destroy_process_group()
 

@@ -5,6 +5,7 @@ interrupted FSDP run resumes exactly."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 
 
 def torchrun(runs: Path, run: str, target: Path, vocab: int, out: Path, parallel: str, max_steps: int,
-             stop_at: int | None = None) -> tuple[dict, dict, dict[str, torch.Tensor]]:
+             stop_at: int | None = None, env: dict[str, str] | None = None) -> tuple[dict, dict, dict[str, torch.Tensor]]:
     """Two ranks of tests/drafter/ddp_worker.py; returns (rank0.json, rank1.json, rank 0's whole weights)."""
     from draftsmith.target.server import free_port
 
@@ -24,7 +25,7 @@ def torchrun(runs: Path, run: str, target: Path, vocab: int, out: Path, parallel
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(Path(__file__).with_name("ddp_worker.py")), str(runs), run, str(target), str(vocab), str(out),
            parallel, str(max_steps)] + ([str(stop_at)] if stop_at else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
     return r0, r1, load_file(str(out / "weights.safetensors"))
@@ -33,7 +34,7 @@ def torchrun(runs: Path, run: str, target: Path, vocab: int, out: Path, parallel
 @pytest.fixture(scope="module")
 def runs(reference_run, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dist") / "runs"
-    for name in ("ddp", "fsdp", "fsdp-resumed"):
+    for name in ("ddp", "fsdp", "fsdp-resumed", "nan"):
         shutil.copytree(reference_run, root / name)
     return root
 
@@ -71,3 +72,13 @@ def test_fsdp_trains_like_ddp_and_resumes_exactly(runs, ddp_two_steps, embedded_
     assert r0["start_step"] == 1 and r0["step"] == 2
     for k in fsdp_w:
         torch.testing.assert_close(resumed_w[k], fsdp_w[k], rtol=1e-6, atol=1e-7, msg=k)
+
+
+@pytest.mark.slow
+def test_nan_features_on_one_rank_are_skipped_without_hanging_the_other(runs, embedded_target, draft_vocab, tmp_path):
+    """Failure mode 10 under FSDP: rank 1 skips a micro-batch (NaN features) and runs a stand-in with zero loss
+    weight, so rank 0's gathers and reduce-scatters still find a partner (without it torchrun would hang)."""
+    r0, r1, w = torchrun(runs, "nan", embedded_target, draft_vocab, tmp_path, "fsdp", 2, env={"POISON_RANK": "1"})
+    assert r0["step"] == r1["step"] == 2
+    assert r1["nan_feature_samples"] >= 1 and r0["nan_feature_samples"] == 0
+    assert all(bool(torch.isfinite(v.float()).all()) for v in w.values())
