@@ -156,10 +156,9 @@ def watch_status(s: Settings, interval_s: float) -> None:
         parts.extend(Text(line) for line in st.lines)
         return Group(*parts), st.finished
 
-    with Live(view()[0], refresh_per_second=4) as live:
-        while True:
+    group, finished = view()
+    with Live(group, refresh_per_second=4) as live:
+        while not finished:
+            time.sleep(interval_s)
             group, finished = view()
             live.update(group)
-            if finished:
-                return
-            time.sleep(interval_s)

@@ -100,12 +100,11 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     paths = RunPaths(s.runs_dir, s.run)
     report = EnqueueReport()
     existing = load_prompts(paths.prompts)
-    board = None
+    client = board = None
     if not dry_run:
-        from draftsmith.queues import connect as _connect
-
         paths.ensure()
-        board = ProgressBoard(_connect(s.redis.url), s.redis.prefix, paths.root)
+        client = connect(s.redis.url)
+        board = ProgressBoard(client, s.redis.prefix, paths.root)
         if not board.read().get("started_at"):
             board.set(phase="loading dataset")  # `status` shows it from the first second of the run
     if source:
@@ -131,7 +130,6 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         say("Dry run: nothing enqueued")
         return report
     check_disk(paths.root, s.generation.min_free_disk_gb)
-    client = connect(s.redis.url)
     model = resolve_model(s.target.url, s.target.model, s.target.api_key)
     report.model = model
     paths.ensure(paths.records)
