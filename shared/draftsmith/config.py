@@ -139,6 +139,17 @@ class TrainConfig(Section):
     )
     num_layers: int = Field(1, ge=1, description="Decoder layers of the drafter (1 for EAGLE-3).")
     norm_before_residual: bool = Field(False, description="Residual carries the normed feature (vLLM flag).")
+    fc_norm: bool = Field(False, description="One RMSNorm per aux feature before fc (vLLM's fc_norm flag).")
+    norm_init: Literal["target", "ones"] = Field(
+        "ones", description="Init the drafter's final norm from the target's final norm, or to ones."
+    )
+    feature_noise: float = Field(
+        0.0, ge=0, description="Gaussian noise on the aux features while training, as a share of each feature's RMS."
+    )
+    loss_rows: Literal["generated", "all"] = Field(
+        "generated", description="Rows in the loss: target-generated tokens only, or every extracted row "
+        "(accuracy is always reported on generated tokens).",
+    )
     lm_head_init: Literal["target", "random"] = Field(
         "target", description="Init lm_head from the target's rows of the draft vocabulary, or randomly."
     )

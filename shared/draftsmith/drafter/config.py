@@ -62,6 +62,7 @@ class DraftConfig:
     mlp_bias: bool = False
     num_layers: int = 1
     norm_before_residual: bool = False
+    fc_norm: bool = False
     target_model_type: str = "llama"
     target_architectures: list[str] = field(default_factory=lambda: ["LlamaForCausalLM"])
     target_name: str = ""
@@ -110,6 +111,7 @@ def derive_config(
     layer_ids: list[int] | tuple[int, ...] | None = None,
     num_layers: int = 1,
     norm_before_residual: bool = False,
+    fc_norm: bool = False,
 ) -> DraftConfig:
     """Drafter config copied from the target's ``config.json``.
 
@@ -119,6 +121,7 @@ def derive_config(
         layer_ids: aux layer ids (outputs of decoder layers); None = :func:`draftsmith.features.layers.default_layer_ids`.
         num_layers: decoder layers of the drafter (1 for EAGLE-3).
         norm_before_residual: residual carries the normed feature (vLLM flag of the same name).
+        fc_norm: one RMSNorm per aux feature before ``fc`` (vLLM's ``fc_norm`` config flag).
 
     Raises:
         ModelError: a missing field, a non-Llama-like target, or layer ids out of range.
@@ -161,6 +164,7 @@ def derive_config(
         mlp_bias=bool(text.get("mlp_bias", False)),
         num_layers=num_layers,
         norm_before_residual=norm_before_residual,
+        fc_norm=fc_norm,
         target_model_type=text.get("model_type", "llama"),
         target_architectures=list(t.get("architectures") or ["LlamaForCausalLM"]),
         target_name=Path(target_path).name,

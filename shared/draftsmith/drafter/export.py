@@ -65,6 +65,7 @@ def eagle3_config(cfg: DraftConfig) -> dict[str, Any]:
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,
+        "fc_norm": cfg.fc_norm,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": vllm_layer_ids(cfg.layer_ids), "use_aux_hidden_state": True},
     }
 
@@ -79,6 +80,7 @@ def speculators_config(cfg: DraftConfig, speculative_tokens: int, verifier: str)
         "transformer_layer_config": layer,
         "draft_vocab_size": cfg.draft_vocab_size,
         "norm_before_residual": cfg.norm_before_residual,
+        "fc_norm": cfg.fc_norm,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": vllm_layer_ids(cfg.layer_ids),
         "speculators_config": {

@@ -74,7 +74,8 @@ def export_draft_config(layout: str, config: dict, target_path: Path | str) -> D
         "eagle_aux_hidden_state_layer_ids")
     ids = from_vllm_layer_ids(ids) if ids else None
     nbr = config.get("norm_before_residual", layout == "speculators")
-    cfg = derive_config(target_path, int(config["draft_vocab_size"]), ids, int(layer.get("num_hidden_layers", 1)), nbr)
+    cfg = derive_config(target_path, int(config["draft_vocab_size"]), ids, int(layer.get("num_hidden_layers", 1)), nbr,
+                        bool(config.get("fc_norm", False)))
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
         if key in layer and int(layer[key]) != int(getattr(cfg, key)):
             raise ModelError(f"drafter {key}={layer[key]} but the target has {getattr(cfg, key)}",

@@ -4,7 +4,9 @@ Source: Li et al., 2025, "EAGLE-3: Scaling up Inference Acceleration of Large La
 Test", and vLLM's serving implementation ``vllm/model_executor/models/llama_eagle3.py``, which this module mirrors
 weight for weight so that training matches serving:
 
-- ``fc`` fuses the target's aux features ``[T, 3*H_t] -> [T, H]`` (step 0 only).
+- ``fc`` fuses the target's aux features ``[T, 3*H_t] -> [T, H]`` (step 0 only); with ``fc_norm`` each of the
+  three features first goes through its own RMSNorm (vLLM's ``fc_norm`` option, ``llama_eagle3.combine_hidden_states``),
+  which evens out aux layers whose scales differ several-fold.
 - layer 0 takes ``cat(input_layernorm(embed(token)), hidden_norm(feature))`` (2H wide) into q/k/v; the residual
   stream carries the feature (or the normed feature when ``norm_before_residual``); then o_proj, fused add +
   post-attention norm, SwiGLU MLP. Later layers (if any) are plain Llama layers (H wide, fused add-norm).
@@ -141,7 +143,10 @@ class Eagle3Drafter(nn.Module):
         H, N = cfg.hidden_size, cfg.draft_vocab_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)
-        self.fc = nn.Linear(len(cfg.layer_ids) * cfg.target_hidden_size, H, bias=False)
+        n_aux = len(cfg.layer_ids)
+        self.fc_norm = (nn.ModuleList(LlamaRMSNorm(cfg.target_hidden_size, eps=cfg.rms_norm_eps) for _ in range(n_aux))
+                        if cfg.fc_norm else None)
+        self.fc = nn.Linear(n_aux * cfg.target_hidden_size, H, bias=False)
         self.layers = nn.ModuleList(DraftDecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, N, bias=False)
@@ -151,7 +156,11 @@ class Eagle3Drafter(nn.Module):
 
     def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """``[B, T, 3*H_t]`` target aux features -> ``[B, T, H]`` step-0 hidden input."""
-        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+        aux_hidden = aux_hidden.to(self.fc.weight.dtype)
+        if self.fc_norm is not None:
+            chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)  # 3 x [B, T, H_t]
+            aux_hidden = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(aux_hidden)
 
     def step(
         self,

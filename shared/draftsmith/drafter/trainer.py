@@ -46,15 +46,35 @@ log = get_logger(__name__)
 
 
 class TTTObjective(nn.Module):
-    """Wraps the drafter so that DDP sees one ``forward`` per micro-batch (the whole TTT unroll)."""
+    """Wraps the drafter so that DDP sees one ``forward`` per micro-batch (the whole TTT unroll).
 
-    def __init__(self, drafter: Eagle3Drafter, k: int, decay: float) -> None:
+    Args:
+        k, decay, all_rows: see :func:`~draftsmith.drafter.ttt.ttt_loss`.
+        feature_noise: in training mode, Gaussian noise of ``feature_noise`` x (per-token RMS of each aux feature)
+            is added to the aux features (a regulariser against the train / held-out gap; off in eval mode).
+    """
+
+    def __init__(self, drafter: Eagle3Drafter, k: int, decay: float, all_rows: bool = False,
+                 feature_noise: float = 0.0) -> None:
         super().__init__()
         self.drafter, self.k, self.decay = drafter, k, decay
+        self.all_rows, self.feature_noise = all_rows, feature_noise
 
     def forward(self, batch: dict[str, torch.Tensor], view) -> tuple[torch.Tensor, StepStats]:
-        return ttt_loss(self.drafter, batch["input_ids"], batch["loss_mask"], batch["aux"], batch["lengths"],
-                        view, self.k, self.decay)
+        aux = batch["aux"]
+        if self.training and self.feature_noise > 0:
+            aux = add_feature_noise(aux.float(), len(self.drafter.cfg.layer_ids), self.feature_noise)
+        return ttt_loss(self.drafter, batch["input_ids"], batch["loss_mask"], aux, batch["lengths"],
+                        view, self.k, self.decay, self.all_rows)
+
+
+def add_feature_noise(aux: torch.Tensor, n_aux: int, scale: float) -> torch.Tensor:
+    """``aux + scale * rms * N(0, 1)`` per aux feature: ``aux`` ``[B, T, n_aux * H_t]``, ``rms`` ``[B, T, n_aux, 1]``
+    is each feature's root-mean-square at that position (so the noise is relative to each layer's own scale)."""
+    B, T, D = aux.shape
+    x = aux.view(B, T, n_aux, D // n_aux)  # [B, T, n, H_t]
+    rms = x.pow(2).mean(-1, keepdim=True).sqrt()  # [B, T, n, 1]
+    return (x + scale * rms * torch.randn_like(x)).view(B, T, D)
 
 
 def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
@@ -144,12 +164,13 @@ class Trainer:
             raise DataError(f"train.layer_ids {layer_ids} differ from the features' {self.features.layer_ids}",
                             "re-extract features with these layers or drop train.layer_ids")
         self.cfg = derive_config(self.target_path, self.vocab_size, layer_ids, self.tc.num_layers,
-                                 self.tc.norm_before_residual)
+                                 self.tc.norm_before_residual, self.tc.fc_norm)
         if self.features.hidden_size != self.cfg.target_hidden_size:
             raise DataError(f"features have hidden size {self.features.hidden_size}, the target "
                             f"{self.cfg.target_hidden_size}", "the features come from another target; re-extract")
         self.model = Eagle3Drafter(self.cfg)
-        self.lm_head = init_from_target(self.model, self.target_path, self.d2t, self.t2d, self.tc.lm_head_init)
+        self.lm_head = init_from_target(self.model, self.target_path, self.d2t, self.t2d, self.tc.lm_head_init,
+                                        self.tc.norm_init)
         if self.tc.init_from:
             from draftsmith.drafter.load import load_pretrained
 
@@ -162,7 +183,8 @@ class Trainer:
         self.lm_head = self.lm_head.to(self.dist.device)
         self.train_ids, self.held_ids = self.samples.split(self.tc.eval_fraction)
         self.lengths = {i: self.samples.samples[i].input_ids.numel() for i in self.train_ids}
-        self.objective = TTTObjective(self.model, self.tc.ttt_steps, self.tc.loss_decay)
+        self.objective = TTTObjective(self.model, self.tc.ttt_steps, self.tc.loss_decay,
+                                      self.tc.loss_rows == "all", self.tc.feature_noise)
         self.ddp = self.objective
         self.sharded = self.dist.world > 1 and self.tc.parallel == "fsdp"
         if self.sharded:
@@ -283,7 +305,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> StepStats:
         """TTT loss/accuracy on the held-out split (summed over ranks)."""
-        self.model.eval()
+        self.objective.eval()
         total = StepStats()
         mine = self.held_ids[self.dist.rank :: self.dist.world]
         per_rank = -(-len(self.held_ids) // self.dist.world)  # every rank runs as many batches (FSDP gathers)
@@ -294,7 +316,7 @@ class Trainer:
                 total.add(self._forward(batch, self.objective)[1])
             elif self.sharded:
                 self._forward(self._standin(), self.objective)
-        self.model.train()
+        self.objective.train()
         k = self.tc.ttt_steps
         t = total.as_tensor() if total.loss_sum else torch.zeros(4, k, dtype=torch.float64)
         return StepStats.from_tensor(_all_sum(t, self.dist))
@@ -358,7 +380,7 @@ class Trainer:
         from draftsmith import metrics
 
         tc, t0 = self.tc, time.time()
-        self.model.train()
+        self.objective.train()
         interval, tokens, t_int = StepStats(), 0.0, time.time()
         held = None
         last_train = StepStats()

@@ -134,6 +134,7 @@ def ttt_loss(
     view: TargetView,
     k: int,
     decay: float = 0.8,
+    all_rows: bool = False,
 ) -> tuple[torch.Tensor, StepStats]:
     """Unroll ``k`` draft steps and return the weighted loss and per-step sums.
 
@@ -143,6 +144,8 @@ def ttt_loss(
         aux_hidden: ``[B, T, 3*H_t]``. lengths: ``[B]`` real lengths.
         view: :func:`target_view` of the same batch.
         k: unroll depth. decay: step weight base.
+        all_rows: put every in-range row in the loss (prompt tokens too), not only loss-masked ones; the
+            returned accuracy still counts loss-masked rows only, so figures stay comparable.
 
     Returns:
         ``(loss scalar, StepStats)``; the loss is ``sum_j decay**j * mean_rows(CE_j)``.
@@ -160,14 +163,15 @@ def ttt_loss(
         logits = model.logits(normed).float()  # [B, T, N]
         in_range = (t_idx + j + 2) < lengths.unsqueeze(1)  # [B, T]
         supervised = in_range & _shift(lmask, j + 2)  # [B, T]
-        rows = supervised & _shift(view.in_vocab, j + 1)  # [B, T]
+        in_vocab = _shift(view.in_vocab, j + 1)  # [B, T]
+        rows = (in_range if all_rows else supervised) & in_vocab  # [B, T] rows in the loss
         tgt = _shift(view.probs, j + 1)  # [B, T, N]
         ce = -(tgt * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T]
         n_rows = rows.sum()
         ce_sum = (ce * rows).sum()
         total = total + (decay**j) * ce_sum / n_rows.clamp(min=1)
         with torch.no_grad():
-            correct = ((logits.argmax(-1) == _shift(view.top, j + 1)) & rows).sum()
+            correct = ((logits.argmax(-1) == _shift(view.top, j + 1)) & supervised & in_vocab).sum()
         stats.loss_sum.append(float(ce_sum.detach()))
         stats.loss_rows.append(float(n_rows))
         stats.correct.append(float(correct))

@@ -93,13 +93,34 @@ def load_target_head(target_path: Path | str) -> tuple[torch.Tensor, torch.Tenso
     return embed, head if head is not None else embed
 
 
-def init_from_target(model, target_path: Path | str, d2t: torch.Tensor, t2d: torch.Tensor, lm_head: str = "target"):
+def load_target_final_norm(target_path: Path | str) -> torch.Tensor:
+    """The weight ``[H]`` of the target's final RMSNorm (``model.norm.weight``), fp32.
+
+    Raises:
+        ModelError: no such weight in the checkpoint's safetensors files.
+    """
+    from safetensors import safe_open
+
+    for f in sorted(Path(target_path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as sf:
+            for key in sf.keys():
+                if key in ("model.norm.weight", "norm.weight") or key.endswith("language_model.norm.weight"):
+                    return sf.get_tensor(key).float()
+    raise ModelError(f"no final norm weight (model.norm.weight) in {target_path}",
+                     "set train.norm_init=ones for a target whose final norm is named otherwise")
+
+
+def init_from_target(model, target_path: Path | str, d2t: torch.Tensor, t2d: torch.Tensor, lm_head: str = "target",
+                     norm: str = "ones"):
     """Copy the frozen embedding and (by default) the draft rows of the target's ``lm_head`` into ``model``.
 
     Args:
         model: an :class:`~draftsmith.drafter.model.Eagle3Drafter`.
         d2t, t2d: the draft vocabulary (copied into the model's buffers).
         lm_head: ``"target"`` (rows ``i + d2t[i]`` of the target head) or ``"random"`` (keep the random init).
+        norm: ``"target"`` copies the target's final norm weight into the drafter's final norm (so that, with the
+            target's ``lm_head`` rows, the drafter starts from the target's own output geometry); ``"ones"`` keeps
+            the default init.
 
     Returns:
         The target's full ``lm_head`` ``[V, H]`` (the trainer needs it for the target distribution).
@@ -119,4 +140,6 @@ def init_from_target(model, target_path: Path | str, d2t: torch.Tensor, t2d: tor
         model.t2d.copy_(t2d)
         if lm_head == "target":
             model.lm_head.weight.copy_(head[torch.arange(d2t.numel()) + d2t])
+        if norm == "target":
+            model.norm.weight.copy_(load_target_final_norm(target_path))
     return head

@@ -1,0 +1,133 @@
+"""Recipe keys of issue 11: each one changes what it says (fc_norm, feature_noise, loss_rows, norm_init)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from draftsmith.drafter.config import derive_config
+from draftsmith.drafter.model import Eagle3Drafter
+from draftsmith.drafter.trainer import TTTObjective, add_feature_noise
+from draftsmith.drafter.ttt import target_view, ttt_loss
+
+
+@pytest.fixture(scope="module")
+def target_cfg(embedded_target):
+    return derive_config(embedded_target, draft_vocab_size=64)
+
+
+def _vocab(m: Eagle3Drafter, cfg) -> None:
+    m.d2t.copy_(torch.arange(64) * 3 - torch.arange(64))  # draft i -> target 3*i
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[torch.arange(64) * 3] = True
+    m.t2d.copy_(t2d)
+
+
+@torch.no_grad()
+def test_fc_norm_evens_out_the_scale_of_each_aux_feature(embedded_target):
+    """With fc_norm, scaling one aux layer's feature (SmolLM2's three differ ~7x) does not change fc's input;
+    without it, it does."""
+    H = 576
+    aux = torch.randn(1, 5, 3 * H)
+    scaled = aux.clone()
+    scaled[..., :H] *= 7.0
+    scaled[..., 2 * H :] *= 0.5
+    for fc_norm in (True, False):
+        torch.manual_seed(0)
+        m = Eagle3Drafter(derive_config(embedded_target, 64, fc_norm=fc_norm))
+        same = torch.allclose(m.fuse(aux), m.fuse(scaled), atol=1e-3, rtol=1e-3)
+        assert same is fc_norm
+    assert len(m.fc_norm or []) == 0
+    m = Eagle3Drafter(derive_config(embedded_target, 64, fc_norm=True))
+    names = {k for k in m.state_dict() if k.startswith("fc_norm.")}
+    assert names == {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}  # the names vLLM loads
+
+
+def test_feature_noise_is_relative_to_each_feature_and_off_in_eval(target_cfg):
+    torch.manual_seed(0)
+    H = target_cfg.target_hidden_size
+    aux = torch.cat([torch.randn(2, 64, H) * s for s in (1.0, 7.0, 0.5)], dim=-1)
+    noisy = add_feature_noise(aux, 3, 0.1)
+    for i, s in enumerate((1.0, 7.0, 0.5)):
+        d = (noisy - aux)[..., i * H : (i + 1) * H]
+        assert d.std().item() == pytest.approx(0.1 * s, rel=0.05)
+
+    m = Eagle3Drafter(target_cfg)
+    _vocab(m, target_cfg)
+    obj = TTTObjective(m, k=2, decay=0.8, feature_noise=0.5)
+    T = 10
+    batch = {"input_ids": torch.randint(0, 300, (1, T)), "loss_mask": torch.ones(1, T, dtype=torch.bool),
+             "aux": torch.randn(1, T, 3 * H), "lengths": torch.tensor([T])}
+    head = torch.randn(target_cfg.vocab_size, H)
+    head[torch.arange(64) * 3] *= 50  # every top-1 in the draft vocabulary: every row is in the loss
+    view = target_view(torch.randn(1, T, H), head, m.d2t, m.t2d)
+    obj.eval()
+    with torch.no_grad():
+        a, _ = obj(batch, view)
+        b, _ = obj(batch, view)
+    assert a.item() == b.item()  # eval: deterministic, no noise
+    obj.train()
+    with torch.no_grad():
+        c, _ = obj(batch, view)
+    assert c.item() != a.item()  # training: the features are perturbed
+
+
+def test_all_rows_puts_prompt_rows_in_the_loss_but_not_in_accuracy(target_cfg):
+    torch.manual_seed(0)
+    m = Eagle3Drafter(target_cfg)
+    _vocab(m, target_cfg)
+    B, T, k = 1, 10, 2
+    ids = torch.randint(0, 300, (B, T))
+    mask = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    head = torch.randn(target_cfg.vocab_size, target_cfg.hidden_size)
+    head[torch.arange(64) * 3] *= 50  # every top-1 in the draft vocabulary
+    view = target_view(torch.randn(B, T, target_cfg.hidden_size), head, m.d2t, m.t2d)
+    aux = torch.randn(B, T, 3 * target_cfg.hidden_size)
+    _, gen = ttt_loss(m, ids, mask, aux, torch.tensor([T]), view, k)
+    _, every = ttt_loss(m, ids, mask, aux, torch.tensor([T]), view, k, all_rows=True)
+    # step j: rows t with t + j + 2 < 10 -> 8 and 7 rows; generated ones: tokens 5..9 -> 5 and 5 rows
+    assert gen.loss_rows == [5.0, 5.0] and every.loss_rows == [8.0, 7.0]
+    assert gen.supervised == every.supervised == [5.0, 5.0]
+    assert gen.correct == every.correct
+
+
+@pytest.mark.slow
+def test_norm_init_target_copies_the_target_final_norm(run_factory):
+    from draftsmith.drafter.trainer import Trainer
+    from draftsmith.drafter.vocab import load_target_final_norm
+
+    s = run_factory("normtarget", norm_init="target", max_steps=1)
+    tr = Trainer(s)
+    want = load_target_final_norm(s.target.path)
+    assert not torch.allclose(want, torch.ones_like(want))  # SmolLM2's final norm is not the default init
+    torch.testing.assert_close(tr.model.norm.weight.detach(), want)
+    ones = Trainer(run_factory("normones", norm_init="ones", max_steps=1)).model.norm.weight.detach()
+    torch.testing.assert_close(ones, torch.ones_like(ones))
+
+
+@pytest.mark.slow
+def test_fc_norm_is_exported_and_read_by_vllm(run_factory, embedded_target):
+    """The exported configs carry fc_norm, vLLM's own config readers see it, and the weights are where vLLM
+    loads them (``fc_norm.<i>.weight``)."""
+    from draftsmith.drafter.checkpoint import list_checkpoints
+    from draftsmith.drafter.export import export_checkpoint
+    from draftsmith.drafter.load import load_export_model
+    from draftsmith.drafter.trainer import Trainer
+    from safetensors.torch import load_file
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    s = run_factory("fcn", fc_norm=True, norm_before_residual=True, max_steps=2, ttt_steps=2)
+    Trainer(s).run()
+    ckpt = list_checkpoints(s.runs_dir / "fcn" / "checkpoints")[-1]
+    out = s.runs_dir / "fcn" / "export"
+    export_checkpoint(ckpt, str(embedded_target), out, "both")
+    e = json.loads((out / "eagle3" / "config.json").read_text())
+    assert e["fc_norm"] is True and e["norm_before_residual"] is True
+    sp = SpeculatorsConfig.from_pretrained(str(out / "speculators"))
+    assert sp.fc_norm is True and sp.norm_before_residual is True
+    for layout in ("eagle3", "speculators"):
+        w = load_file(str(out / layout / "model.safetensors"))
+        assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(w)
+        m = load_export_model(out / layout, embedded_target)  # strict loading round trip
+        assert m.fc_norm is not None
