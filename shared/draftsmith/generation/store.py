@@ -77,6 +77,7 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
             shard = records_dir / f"{name}.r{n}.jsonl"
             n += 1
         atomic_write_text(shard, text)
+        sidecar = shard.with_name(shard.name[: -len(".jsonl")] + ".meta.json")
         meta = {
             "schema": SHARD_SCHEMA,
             "shard": shard.name,
@@ -86,10 +87,36 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
             "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        # the sidecar makes the shard count: written last, atomically
-        atomic_write_text(shard.with_name(shard.name[: -len(".jsonl")] + ".meta.json"), json.dumps(meta))
-        _write_manifest(records_dir)
+        # the sidecar makes the shard count: written last, atomically; a shard whose sidecar could not be written
+        # is removed (its prompts are not done and will be generated again)
+        try:
+            atomic_write_text(sidecar, json.dumps(meta))
+        except BaseException:
+            shard.unlink(missing_ok=True)
+            raise
+        try:
+            _write_manifest(records_dir)
+        except OSError:
+            pass  # the manifest is a cache, rebuilt by the next writer or `rebuild_manifest`; the shard counts
         return shard, dropped
+
+
+def sweep_records(records_dir: Path) -> dict[str, int]:
+    """Remove what interrupted writers left in a records folder (under the lock, so no write is in progress):
+    temporary files of atomic writes and shards without their ``.meta.json`` sidecar (never counted as done).
+
+    Returns:
+        ``{"temp_files": n, "orphan_shards": m}`` removed.
+    """
+    if not records_dir.is_dir():
+        return {"temp_files": 0, "orphan_shards": 0}
+    with records_lock(records_dir):
+        tmp = [p for p in records_dir.glob(".*.tmp-*")]
+        orphans = [p for p in records_dir.glob("*.jsonl")
+                   if not p.with_name(p.name[: -len(".jsonl")] + ".meta.json").exists()]
+        for p in tmp + orphans:
+            p.unlink(missing_ok=True)
+    return {"temp_files": len(tmp), "orphan_shards": len(orphans)}
 
 
 def _write_manifest(records_dir: Path) -> dict[str, Any]:
