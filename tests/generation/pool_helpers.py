@@ -55,6 +55,8 @@ def env_for(s, **extra: str) -> dict[str, str]:
 
 def start_pool(s, *args: str, **env: str) -> subprocess.Popen:
     """A `draftsmith worker` process in its own session (so a test can stop its whole tree)."""
+    if "--processes" not in args:
+        args = ("--processes", "1", *args)
     return subprocess.Popen([sys.executable, "-m", "draftsmith", "worker", *args], env=env_for(s, **env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

@@ -4,6 +4,7 @@ workers, work-horses and the scheduler), the real Redis, and a real local HTTP s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -207,11 +208,11 @@ def test_full_disk_stops_the_worker_with_one_line_and_the_run_resumes(tmp_path, 
 mount -t tmpfs -o size=8m none {runs} || exit 97
 {ds} enqueue --source {src} --limit 40 --batch-size 4 --max-tokens 8 >/dev/null || exit 98
 head -c 500000 /dev/zero > {runs}/spare; head -c 16000000 /dev/zero > {runs}/filler 2>/dev/null; rm {runs}/spare
-{ds} worker --burst --metrics-port 0 > {tmp_path}/first.log 2>&1; echo "first rc $?"
+{ds} worker --burst --processes 1 --metrics-port 0 > {tmp_path}/first.log 2>&1; echo "first rc $?"
 ls -a {rec} > {tmp_path}/ls.txt
 {sys.executable} -c "from draftsmith.generation.store import done_ids; print('partial', len(done_ids(__import__('pathlib').Path('{rec}'))))"
 rm {runs}/filler
-{ds} enqueue > /dev/null; {ds} worker --burst --metrics-port 0 > {tmp_path}/second.log 2>&1; echo "second rc $?"
+{ds} enqueue > /dev/null; {ds} worker --burst --processes 1 --metrics-port 0 > {tmp_path}/second.log 2>&1; echo "second rc $?"
 {sys.executable} -c "from draftsmith.generation.store import iter_records; import collections, pathlib; \
 c = collections.Counter(r['id'] for r in iter_records(pathlib.Path('{rec}'))); print('done', len(c), max(c.values()))"
 """
@@ -233,3 +234,27 @@ c = collections.Counter(r['id'] for r in iter_records(pathlib.Path('{rec}'))); p
     partial = int(p.stdout.split("partial ")[1].split()[0])
     assert 0 < partial < 40, p.stdout
     assert "second rc 0" in p.stdout and "done 40 1" in p.stdout, p.stdout + (tmp_path / "second.log").read_text()
+
+
+def test_long_lived_worker_regenerates_a_shard_removed_by_the_user(tmp_path, redis_url):
+    """Workers keep the run's done ids in memory (issue 13); a shard the user removed (the documented way to
+    regenerate it) must be answered again after `enqueue`, by the same worker, exactly once."""
+    stub = Stub()
+    s = settings_for(tmp_path, redis_url, stub.url)
+    src = str(Path(__file__).parents[2] / "data" / "prompts" / "gsm8k_train.jsonl")
+    rec = Path(s.runs_dir) / "t" / "records"
+    pool = start_pool(s, "--metrics-port", "0")
+    try:
+        enqueue(s, src, 8, 4, say=lambda m: None)
+        assert wait_for(lambda: len(list(iter_records(rec))) == 8, 60)
+        shard = sorted(rec.glob("gen-*.jsonl"))[0]
+        gone = {json.loads(line)["id"] for line in shard.read_text().splitlines()}
+        shard.unlink()
+        shard.with_name(shard.name[: -len(".jsonl")] + ".meta.json").unlink()
+        enqueue(s, None, None, 4, say=lambda m: None)
+        assert wait_for(lambda: len(list(iter_records(rec))) == 8, 60)
+    finally:
+        stop_pool(pool)
+        stub.close()
+    ids = [r["id"] for r in iter_records(rec)]
+    assert len(ids) == len(set(ids)) == 8 and gone <= set(ids)

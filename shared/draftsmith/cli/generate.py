@@ -32,7 +32,9 @@ def enqueue(
 @app.command()
 def worker(
     queues: str = typer.Option("generate", "--queues", "-q", help="Comma-separated stages: generate, extract."),
-    processes: int = typer.Option(1, "--processes", "-p", min=1, help="rq worker processes."),
+    processes: int = typer.Option(None, "--processes", "-p", min=1,
+                                  help="rq worker processes (default: enough to reach the in-flight cap, "
+                                  "ceil(generation.concurrency / generation.batch_size), for the generate queue)."),
     concurrency: int = typer.Option(None, "--concurrency", "-c", min=1,
                                     help="In-flight request cap shared by all workers (generation.concurrency)."),
     burst: bool = typer.Option(False, "--burst", help="Exit when the queues are empty."),

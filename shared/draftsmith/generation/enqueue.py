@@ -24,7 +24,7 @@ from draftsmith.config import Settings
 from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
-from draftsmith.generation.store import done_ids, load_prompts, sweep_records
+from draftsmith.generation.store import done_ids, load_prompts, rebuild_manifest, sweep_records
 from draftsmith.paths import RunPaths, atomic_write_text
 from draftsmith.queues import fetch_job
 
@@ -146,6 +146,8 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         if any(swept.values()):
             say(f"Removed leftovers of interrupted writes: {swept['temp_files']} temporary file(s), "
                 f"{swept['orphan_shards']} shard(s) without sidecar")
+        if paths.records.is_dir():
+            rebuild_manifest(paths.records)
     done = done_ids(paths.records)
     wanted = [i for i in batch_prompts if i not in done]
     if dry_run:

@@ -22,7 +22,8 @@ from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.client import ChatClient, ChatError
 from draftsmith.generation.inflight import InflightCap
 from draftsmith.generation.progress import ProgressBoard
-from draftsmith.generation.store import RECORD_SCHEMA, done_ids, load_prompts, write_shard
+from draftsmith.generation.runcache import done_index, prompt_index
+from draftsmith.generation.store import RECORD_SCHEMA, write_shard
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -207,9 +208,9 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
     s = Settings.model_validate(settings)
     root = Path(run_root)
     records_dir = root / "records"
-    all_prompts = load_prompts(root / "prompts.jsonl")
-    done = done_ids(records_dir)
-    todo = [all_prompts[i] for i in prompt_ids if i in all_prompts and i not in done]
+    prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed (issue 13)
+    done = done_index(records_dir)
+    todo = prompts.get([i for i in prompt_ids if i not in done])
     skipped = len(prompt_ids) - len(todo)
     if not todo:
         return {"shard": None, "shards": [], "written": 0, "duplicates_dropped": 0, "skipped_done": skipped,
@@ -228,8 +229,8 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
                 board = ProgressBoard(rc, s.redis.prefix, root)
                 board.incr(prompts_done=writer.written)
                 board.set(last_result_at=repr(time.time()))
-                M.GEN_PROMPTS_DONE.labels(root.name).set(len(done) + writer.written)
-                M.GEN_PROMPTS_TOTAL.labels(root.name).set(len(all_prompts))
+                M.GEN_PROMPTS_DONE.labels(root.name).set(len(done))
+                M.GEN_PROMPTS_TOTAL.labels(root.name).set(len(prompts))
             if M.multiprocess_enabled():
                 from prometheus_client import multiprocess
 

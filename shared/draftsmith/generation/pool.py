@@ -82,7 +82,15 @@ def metrics_dir(s: Settings) -> tuple[Path, bool]:
     return Path(tempfile.mkdtemp(prefix="draftsmith-metrics-")), True
 
 
-def run_pool(s: Settings, stages: list[str], processes: int, burst: bool = False,
+def default_processes(s: Settings, stages: list[str]) -> int:
+    """Worker processes a pool needs so its requests in flight can reach ``generation.concurrency``: each process
+    runs one job of ``batch_size`` prompts at a time (1 for a pool without the generate queue)."""
+    if "generate" not in stages:
+        return 1
+    return max(1, -(-s.generation.concurrency // s.generation.batch_size))
+
+
+def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool = False,
              metrics_port: int | None = None, metrics_addr: str = "127.0.0.1") -> None:
     """Run ``processes`` rq workers on the queues of ``stages`` until stopped (or, with ``burst``, until empty).
 
@@ -93,6 +101,8 @@ def run_pool(s: Settings, stages: list[str], processes: int, burst: bool = False
         QueueError: Redis does not answer.
         DiskSpaceError: a worker found the disk of a run full; the pool stopped (finished shards are kept).
     """
+    if not processes:
+        processes = default_processes(s, stages)
     mp_dir, owned = metrics_dir(s)
     from draftsmith.metrics import prepare_multiprocess_dir
 
@@ -100,11 +110,13 @@ def run_pool(s: Settings, stages: list[str], processes: int, burst: bool = False
     from rq.serializers import JSONSerializer
 
     import draftsmith.generation.jobs  # noqa: F401  (loaded once here, inherited by every fork)
+    from draftsmith.generation.client import tls_context
     from draftsmith.generation.inflight import InflightCap
     from draftsmith.generation.worker import DraftsmithWorker
     from draftsmith.metrics import serve_metrics
     from draftsmith.queues import connect, get_queue
 
+    tls_context()  # built once here, inherited by every worker and work-horse
     client = connect(s.redis.url)
     if "generate" in stages:
         InflightCap(client, s.redis.prefix, s.generation.concurrency, stage="generate").set_cap(

@@ -105,6 +105,12 @@ class DraftsmithWorker(Worker):
             log.error("%s; this worker stops taking work (job %s is back in the queue)", e, job.id)
             self._stop_requested = True
             return
+        try:
+            from draftsmith.generation.runcache import warm
+
+            warm((job.kwargs or {}).get("run_root") or "")  # read once here, inherited by the horse (issue 13)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("job %s: run caches not warmed (%s); the job reads the run itself", job.id, e)
         super().execute_job(job, queue)
         flag = self.connection.getdel(self._disk_full_key)  # set by the work-horse (see handle_exception)
         if flag:
