@@ -44,7 +44,7 @@ def chat_body(model: str, req: dict, n: int, answer_bytes: int = 0) -> dict:
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, model: str, delay_s: float,
-                 stats: Stats, answer_bytes: int = 0) -> None:
+                 stats: Stats, answer_bytes: int = 0, slots: asyncio.Semaphore | None = None) -> None:
     """Serve one keep-alive connection."""
     try:
         while True:
@@ -61,7 +61,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mod
                 stats.inflight += 1
                 stats.max_inflight = max(stats.max_inflight, stats.inflight)
                 try:
-                    if delay_s:
+                    if slots is not None:  # a server with a fixed number of sequences: the rest wait
+                        async with slots:
+                            await asyncio.sleep(delay_s)
+                    elif delay_s:
                         await asyncio.sleep(delay_s)
                     body = chat_body(model, json.loads(raw or b"{}"), num, answer_bytes)
                 finally:
@@ -86,11 +89,12 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mod
         writer.close()
 
 
-async def serve(port: int, model: str, delay_s: float, answer_bytes: int = 0) -> None:
+async def serve(port: int, model: str, delay_s: float, answer_bytes: int = 0, max_concurrency: int = 0) -> None:
     """Serve until killed; prints ``READY <port>`` once listening."""
     stats = Stats()
-    server = await asyncio.start_server(lambda r, w: handle(r, w, model, delay_s, stats, answer_bytes), "127.0.0.1",
-                                        port,
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
+    server = await asyncio.start_server(lambda r, w: handle(r, w, model, delay_s, stats, answer_bytes, slots),
+                                        "127.0.0.1", port,
                                         backlog=1024)
     print(f"READY {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
@@ -103,9 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="stub")
     ap.add_argument("--delay-s", type=float, default=0.0)
     ap.add_argument("--answer-bytes", type=int, default=0, help="Pad every answer to about this many bytes.")
+    ap.add_argument("--max-concurrency", type=int, default=0,
+                    help="Requests served at once (each takes --delay-s); the rest wait (0 = no limit).")
     a = ap.parse_args(argv)
     try:
-        asyncio.run(serve(a.port, a.model, a.delay_s, a.answer_bytes))
+        asyncio.run(serve(a.port, a.model, a.delay_s, a.answer_bytes, a.max_concurrency))
     except KeyboardInterrupt:
         sys.exit(0)
 

@@ -29,6 +29,7 @@ from draftsmith.log import get_logger
 log = get_logger(__name__)
 
 API_KEY_ENV = "DRAFTSMITH_TARGET__API_KEY"
+URL_ENV = "DRAFTSMITH_TARGET__URL"
 
 
 class TransientFailures(RuntimeError):
@@ -161,7 +162,8 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
         M.GEN_ERRORS.labels(run, e.reason).inc()
         board.incr(**{f"err:{e.reason}": 1})
 
-    client = ChatClient(s.target.url, model, api_key=s.target.api_key or os.environ.get(API_KEY_ENV),
+    # the worker's own target wins (a pool next to its server replica); else the URL enqueue checked
+    client = ChatClient(os.environ.get(URL_ENV) or s.target.url, model, api_key=s.target.api_key or os.environ.get(API_KEY_ENV),
                         request_timeout_s=g.request_timeout_s, connect_timeout_s=g.connect_timeout_s,
                         max_retries=g.max_retries, backoff_s=g.backoff_s, on_error=count_error)
     failed = 0
