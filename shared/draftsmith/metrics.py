@@ -195,6 +195,51 @@ def sweep_dead_live_files(path: Path) -> list[int]:
     return sorted(dead)
 
 
+_ARCHIVES: dict[str, object] = {}
+
+
+def compact_dead_files(path: Path) -> int:
+    """Fold the sample files of dead processes of this host into one archive file per kind; returns how many
+    files were removed. Keeps the multiprocess folder (and the cost of a scrape) bounded by the number of live
+    processes, whatever the number of jobs a run had (issue 13: one rq work-horse per job left three files).
+
+    Counters and histograms are summed into ``counter_archive.db`` / ``histogram_archive.db``; ``mostrecent``
+    gauges keep their latest value in ``gauge_mostrecent_archive.db``; live gauges of dead processes are dropped.
+    Only one process may call this for a folder (the worker pool does, from its main loop).
+    """
+    from prometheus_client.mmap_dict import MmapedDict
+
+    removed = 0
+    for f in sorted(Path(path).glob("*.db")):
+        parts = f.name[: -len(".db")].split("_")
+        pid = parts[-1]
+        if not pid.isdigit() or pid_alive(int(pid)):
+            continue
+        if parts[0] in ("counter", "histogram"):
+            kind, latest = parts[0], False
+        elif parts[0] == "gauge" and parts[1] == "mostrecent":
+            kind, latest = "gauge_mostrecent", True
+        elif parts[0] == "gauge" and parts[1].startswith("live"):
+            f.unlink(missing_ok=True)
+            removed += 1
+            continue
+        else:
+            continue  # other gauge modes: none in draftsmith; left as they are
+        key_path = str(Path(path) / f"{kind}_archive.db")
+        arch = _ARCHIVES.get(key_path)
+        if arch is None:
+            arch = _ARCHIVES[key_path] = MmapedDict(key_path)
+        for key, value, ts, _ in MmapedDict.read_all_values_from_file(str(f)):
+            old, old_ts = arch.read_value(key)
+            if not latest:
+                arch.write_value(key, old + value, ts)
+            elif ts >= old_ts:
+                arch.write_value(key, value, ts)
+        f.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 class LiveAwareCollector:
     """``MultiProcessCollector`` that first drops the live gauges of dead processes (see sweep_dead_live_files)."""
 

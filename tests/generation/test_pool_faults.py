@@ -258,3 +258,26 @@ def test_long_lived_worker_regenerates_a_shard_removed_by_the_user(tmp_path, red
         stub.close()
     ids = [r["id"] for r in iter_records(rec)]
     assert len(ids) == len(set(ids)) == 8 and gone <= set(ids)
+
+
+def test_metric_files_stay_bounded_and_counts_stay_exact(tmp_path, redis_url):
+    """40 jobs, one forked work-horse each: the multiprocess folder keeps a bounded number of files (the dead
+    horses' samples are folded into archives by the pool) and /metrics still counts every request."""
+    stub = Stub()
+    s = settings_for(tmp_path, redis_url, stub.url)
+    mp = tmp_path / "mp"
+    port = free_port()
+    pool = start_pool(s, "--metrics-port", str(port), DRAFTSMITH_METRICS__MULTIPROC_DIR=str(mp))
+    try:
+        enqueue(s, str(Path(__file__).parents[2] / "data" / "prompts" / "gsm8k_train.jsonl"), 80, 2,
+                say=lambda m: None)
+        rec = Path(s.runs_dir) / "t" / "records"
+        assert wait_for(lambda: len(list(iter_records(rec))) == 80, 120)
+        assert wait_for(lambda: len(list(mp.glob("*.db"))) <= 8, 30), sorted(p.name for p in mp.glob("*.db"))
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        stop_pool(pool)
+        stub.close()
+    assert 'draftsmith_generation_requests_total{outcome="ok",run="t"} 80.0' in text.splitlines()
+    assert 'draftsmith_generation_request_latency_seconds_count{run="t"} 80.0' in text.splitlines()
+    assert 'draftsmith_generation_prompts_done{run="t"} 80.0' in text.splitlines()

@@ -58,6 +58,20 @@ class DraftsmithPool(WorkerPool):
     """rq's pool that stops as a whole when one of its workers stopped for a full disk."""
 
     disk_full = False
+    compact_every_s = 10.0
+    _compacted_at = 0.0
+
+    def check_workers(self, respawn: bool = True) -> None:
+        """rq's check, then (every ``compact_every_s``) fold dead processes' metric files into the archives."""
+        super().check_workers(respawn=respawn)
+        from draftsmith import metrics as M
+
+        if M.multiprocess_enabled() and time.monotonic() - self._compacted_at >= self.compact_every_s:
+            self._compacted_at = time.monotonic()
+            try:
+                M.compact_dead_files(Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
+            except (OSError, ValueError) as e:
+                log.warning("metrics compaction: %s", e)
 
     def handle_dead_worker(self, worker_data) -> None:
         """rq's bookkeeping, plus: drop the dead worker's live metrics; stop the pool after a full disk."""
