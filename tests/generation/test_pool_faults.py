@@ -118,6 +118,7 @@ def test_leases_of_a_live_request_are_renewed_and_expire_after_a_lost_holder(red
     assert tok.startswith(f"{os.uname().nodename}:{os.getpid()}:")
 
 
+@pytest.mark.slow
 def test_scheduler_dies_with_its_killed_worker(tmp_path, redis_url):
     s = settings_for(tmp_path, redis_url, "http://127.0.0.1:9")
     pool = start_pool(s, "--metrics-port", "0")
@@ -136,6 +137,7 @@ def test_scheduler_dies_with_its_killed_worker(tmp_path, redis_url):
         stop_pool(pool)
 
 
+@pytest.mark.slow
 def test_job_timeout_keeps_the_finished_answers(tmp_path, redis_url):
     stub = Stub(delay_s=4)
     src = write_prompts_source(tmp_path / "src.jsonl", [
@@ -260,6 +262,7 @@ def test_long_lived_worker_regenerates_a_shard_removed_by_the_user(tmp_path, red
     assert len(ids) == len(set(ids)) == 8 and gone <= set(ids)
 
 
+@pytest.mark.slow
 def test_metric_files_stay_bounded_and_counts_stay_exact(tmp_path, redis_url):
     """40 jobs, one forked work-horse each: the multiprocess folder keeps a bounded number of files (the dead
     horses' samples are folded into archives by the pool) and /metrics still counts every request."""
