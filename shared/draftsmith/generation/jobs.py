@@ -113,6 +113,7 @@ class ShardWriter:
         self._lock = threading.Lock()
 
     def add(self, record: dict[str, Any]) -> None:
+        """Queue one finished record (stamped with the job id and the time) for the next :meth:`flush`."""
         record["job_id"] = self.job_id
         record["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         with self._lock:
