@@ -224,7 +224,8 @@ class MetricsConfig(Section):
 
     port: int = Field(9400, ge=0, le=65535, description="Port of a worker pool's /metrics (0 = no server).")
     multiproc_dir: Path | None = Field(
-        None, description="PROMETHEUS_MULTIPROC_DIR for forked rq work-horses; None = <run>/metrics-mp."
+        None, description="PROMETHEUS_MULTIPROC_DIR for forked rq work-horses; None = a temporary folder that the "
+        "worker pool removes when it stops."
     )
 
 

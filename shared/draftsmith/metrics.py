@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from prometheus_client import REGISTRY as _DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 NS = "draftsmith"
@@ -102,20 +103,157 @@ def prepare_multiprocess_dir(path: Path) -> None:
     from prometheus_client import values
 
     values.ValueClass = values.get_value_class()
+    _guard_value_lock_across_forks()
 
 
-def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve ``/metrics`` on ``port`` in a background thread; aggregates forked processes when enabled."""
+_fork_guard: dict[str, object] = {}
+
+
+def _value_lock():
+    """prometheus-client's one lock over its multiprocess values (a closure variable of ``MmapedValue``), or None."""
+    from prometheus_client import values
+
+    fn = getattr(values.ValueClass, "inc", None)
+    code = getattr(fn, "__code__", None)
+    if code is None or "lock" not in code.co_freevars:
+        return None  # single-process values: a lock per value, nothing shared
+    return fn.__closure__[code.co_freevars.index("lock")].cell_contents
+
+
+def _guard_value_lock_across_forks() -> None:
+    """Never fork while another thread holds prometheus-client's multiprocess value lock (issue 12).
+
+    A child forked while the lock is held inherits it locked and hangs at its first metric write (rq work-horses
+    blocked forever at the in-flight gauge). The lock is taken before every ``os.fork`` of this process (rq's
+    work-horses, ``multiprocessing`` fork processes) and released in both parent and child afterwards, the rule
+    CPython itself applies to its own locks (``os.register_at_fork``).
+    """
+    if _fork_guard.get("installed"):
+        return
+    _fork_guard["installed"] = True
+
+    def before() -> None:
+        lock = _value_lock()
+        if lock is not None:
+            lock.acquire()
+        _fork_guard["held"] = lock
+
+    def after() -> None:
+        lock = _fork_guard.pop("held", None)
+        if lock is not None:
+            lock.release()
+
+    os.register_at_fork(before=before, after_in_parent=after, after_in_child=after)
+
+
+def serve_metrics(port: int, addr: str = "0.0.0.0", extra: list | None = None) -> None:
+    """Serve ``/metrics`` on ``addr:port`` in a background thread; aggregates forked processes when enabled.
+
+    The worker pool passes ``127.0.0.1`` unless told otherwise (``draftsmith worker --metrics-addr``).
+    ``extra`` collectors are added to what is served (read at scrape time, so the serving process writes nothing).
+    A dead process's live gauges (``livesum``/``liveall``, e.g. requests in flight) are dropped at each scrape.
+    """
     if port <= 0:
         return
+    registry = CollectorRegistry() if multiprocess_enabled() else _DEFAULT_REGISTRY
     if multiprocess_enabled():
+        LiveAwareCollector(registry)
+    for c in extra or []:
+        registry.register(c)
+    start_http_server(port, addr=addr, registry=registry)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists on this host (signal 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead_live_files(path: Path) -> list[int]:
+    """Mark dead every process of this host whose live-gauge files are still in ``path``; returns their pids.
+
+    A SIGKILLed work-horse never runs its own ``mark_process_dead``; without this its in-flight gauge stayed up
+    (``livesum`` over a dead process's file).
+    """
+    from prometheus_client import multiprocess
+
+    dead = set()
+    for f in path.glob("gauge_live*_*.db"):
+        try:
+            pid = int(f.stem.rsplit("_", 1)[1])
+        except ValueError:
+            continue
+        if not pid_alive(pid):
+            dead.add(pid)
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, str(path))
+    return sorted(dead)
+
+
+_ARCHIVES: dict[str, object] = {}
+
+
+def compact_dead_files(path: Path) -> int:
+    """Fold the sample files of dead processes of this host into one archive file per kind; returns how many
+    files were removed. Keeps the multiprocess folder (and the cost of a scrape) bounded by the number of live
+    processes, whatever the number of jobs a run had (issue 13: one rq work-horse per job left three files).
+
+    Counters and histograms are summed into ``counter_archive.db`` / ``histogram_archive.db``; ``mostrecent``
+    gauges keep their latest value in ``gauge_mostrecent_archive.db``; live gauges of dead processes are dropped.
+    Only one process may call this for a folder (the worker pool does, from its main loop).
+    """
+    from prometheus_client.mmap_dict import MmapedDict
+
+    removed = 0
+    for f in sorted(Path(path).glob("*.db")):
+        parts = f.name[: -len(".db")].split("_")
+        pid = parts[-1]
+        if not pid.isdigit() or pid_alive(int(pid)):
+            continue
+        if parts[0] in ("counter", "histogram"):
+            kind, latest = parts[0], False
+        elif parts[0] == "gauge" and parts[1] == "mostrecent":
+            kind, latest = "gauge_mostrecent", True
+        elif parts[0] == "gauge" and parts[1].startswith("live"):
+            f.unlink(missing_ok=True)
+            removed += 1
+            continue
+        else:
+            continue  # other gauge modes: none in draftsmith; left as they are
+        key_path = str(Path(path) / f"{kind}_archive.db")
+        arch = _ARCHIVES.get(key_path)
+        if arch is None:
+            arch = _ARCHIVES[key_path] = MmapedDict(key_path)
+        for key, value, ts, _ in MmapedDict.read_all_values_from_file(str(f)):
+            old, old_ts = arch.read_value(key)
+            if not latest:
+                arch.write_value(key, old + value, ts)
+            elif ts >= old_ts:
+                arch.write_value(key, value, ts)
+        f.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+class LiveAwareCollector:
+    """``MultiProcessCollector`` that first drops the live gauges of dead processes (see sweep_dead_live_files)."""
+
+    def __init__(self, registry: CollectorRegistry, path: str | None = None) -> None:
         from prometheus_client import multiprocess
 
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        start_http_server(port, addr=addr, registry=registry)
-    else:
-        start_http_server(port, addr=addr)
+        self.path = Path(path or os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        self._inner = multiprocess.MultiProcessCollector(None, str(self.path))
+        registry.register(self)
+
+    def collect(self):
+        """Sweep, then yield the merged samples of every process's files."""
+        sweep_dead_live_files(self.path)
+        return self._inner.collect()
 
 # ---- extraction (issue 4) ----
 EXTRACT_SAMPLES = Counter(f"{NS}_extract_samples", "Samples whose features were written.", ["run"])
@@ -168,7 +306,5 @@ EVAL_SPEEDUP = Gauge(
     f"{NS}_eval_speedup", "Output tokens/s with the drafter / without it, same prompts and settings.",
     ["run", "engine", "set"], registry=EVAL_REGISTRY, multiprocess_mode="mostrecent",
 )
-from prometheus_client import REGISTRY as _DEFAULT_REGISTRY  # noqa: E402
-
 for _c in (EVAL_ACCEPTANCE_RATE, EVAL_ACCEPTANCE_LENGTH, EVAL_ACCEPTANCE_POSITION, EVAL_OUTPUT_TPS, EVAL_SPEEDUP):
     _DEFAULT_REGISTRY.register(_c)

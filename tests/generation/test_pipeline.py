@@ -55,7 +55,8 @@ def start_worker(s, *extra: str, processes: int = 1) -> subprocess.Popen:
 
 
 def run_burst(s) -> str:
-    p = subprocess.run([sys.executable, "-m", "draftsmith", "worker", "--burst", "--metrics-port", "0"],
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "worker", "--burst", "--processes", "1",
+                        "--metrics-port", "0"],
                        env=env_for(s), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout + p.stderr

@@ -32,11 +32,15 @@ def enqueue(
 @app.command()
 def worker(
     queues: str = typer.Option("generate", "--queues", "-q", help="Comma-separated stages: generate, extract."),
-    processes: int = typer.Option(1, "--processes", "-p", min=1, help="rq worker processes."),
+    processes: int = typer.Option(None, "--processes", "-p", min=1,
+                                  help="rq worker processes (default: enough to reach the in-flight cap, "
+                                  "ceil(generation.concurrency / generation.batch_size), for the generate queue)."),
     concurrency: int = typer.Option(None, "--concurrency", "-c", min=1,
                                     help="In-flight request cap shared by all workers (generation.concurrency)."),
     burst: bool = typer.Option(False, "--burst", help="Exit when the queues are empty."),
     metrics_port: int = typer.Option(None, "--metrics-port", help="Port of /metrics (metrics.port; 0 = off)."),
+    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr",
+                                     help="Address /metrics binds (0.0.0.0 in a container whose port is scraped)."),
 ) -> None:
     """Run the rq worker pool (generation and/or extraction jobs)."""
     from draftsmith.generation.pool import run_pool
@@ -46,7 +50,7 @@ def worker(
     stages = [q.strip() for q in queues.split(",") if q.strip()]
     for st in stages:
         queue_name(s.redis.prefix, st)  # validates the stage name
-    run_pool(s, stages, processes, burst=burst, metrics_port=metrics_port)
+    run_pool(s, stages, processes, burst=burst, metrics_port=metrics_port, metrics_addr=metrics_addr)
 
 
 @app.command()

@@ -24,11 +24,12 @@ from draftsmith.config import Settings
 from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
-from draftsmith.generation.store import done_ids, load_prompts
+from draftsmith.generation.store import done_ids, load_prompts, rebuild_manifest, sweep_records
 from draftsmith.paths import RunPaths, atomic_write_text
 from draftsmith.queues import fetch_job
 
 JOB_FUNC = "draftsmith.generation.jobs.generate_job"
+RESULT_TTL_S = 3600  # a finished job's result is read by nobody: disk is the truth; keep it an hour for debugging
 ACTIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
 
 
@@ -57,15 +58,33 @@ def job_id_for(run_root: Path, prompt_ids: list[str]) -> str:
     return "gen-" + h.hexdigest()[:20]
 
 
-def check_disk(path: Path, min_free_gb: float) -> None:
+def check_disk(path: Path, min_free_gb: float, mkdir: bool = True) -> None:
     """Raises DiskSpaceError when the filesystem of ``path`` has less than ``min_free_gb`` GB free."""
-    path.mkdir(parents=True, exist_ok=True)
+    if mkdir:
+        path.mkdir(parents=True, exist_ok=True)
+    elif not path.exists():
+        return
     free = shutil.disk_usage(path).free / 1e9
     if free < min_free_gb:
         raise DiskSpaceError(
             f"only {free:.2f} GB free under {path} (generation.min_free_disk_gb = {min_free_gb})",
             "free some space or point runs_dir at a bigger disk; finished shards are kept",
         )
+
+
+def job_settings(s: Settings) -> dict[str, Any]:
+    """The settings a generation job carries, as JSON, without secrets: no target API key and no Redis password
+    (rq keeps job kwargs in Redis for days, and Redis may persist them to disk). Workers take both from their own
+    environment (``DRAFTSMITH_TARGET__API_KEY``, their Redis connection)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    out: dict[str, Any] = s.model_dump(mode="json")
+    out["target"]["api_key"] = None
+    u = urlsplit(out["redis"]["url"])
+    if u.password is not None or u.username:
+        host = u.hostname or ""
+        out["redis"]["url"] = urlunsplit(u._replace(netloc=host + (f":{u.port}" if u.port else "")))
+    return out
 
 
 def active_prompt_ids(queue, run_root: Path) -> set[str]:
@@ -122,6 +141,13 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         batch_prompts = existing
         report.extracted = len(existing)
         say(f"Resuming {len(existing)} prompts from {paths.prompts}")
+    if not dry_run:
+        swept = sweep_records(paths.records)
+        if any(swept.values()):
+            say(f"Removed leftovers of interrupted writes: {swept['temp_files']} temporary file(s), "
+                f"{swept['orphan_shards']} shard(s) without sidecar")
+        if paths.records.is_dir():
+            rebuild_manifest(paths.records)
     done = done_ids(paths.records)
     wanted = [i for i in batch_prompts if i not in done]
     if dry_run:
@@ -150,7 +176,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     if not active:
         board.reset()
     board.set(phase="enqueued" if pending or active else "done", total=report.total, done_at_start=report.done)
-    settings_json: dict[str, Any] = s.model_dump(mode="json")
+    settings_json = job_settings(s)
     retry = Retry(max=s.generation.job_retries, interval=[5, 30, 120][: max(1, s.generation.job_retries)])
     for start in range(0, len(pending), batch_size):
         ids = pending[start : start + batch_size]
@@ -161,7 +187,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
                 continue
             old.delete()
         queue.enqueue(
-            JOB_FUNC, job_id=jid, retry=retry, job_timeout=s.generation.job_timeout_s, result_ttl=7 * 86400,
+            JOB_FUNC, job_id=jid, retry=retry, job_timeout=s.generation.job_timeout_s, result_ttl=RESULT_TTL_S,
             failure_ttl=30 * 86400, description=f"generate {len(ids)} prompts for {paths.run}",
             kwargs={"run_root": str(paths.root.resolve()), "job_id": jid, "prompt_ids": ids, "model": model,
                     "settings": settings_json},

@@ -10,19 +10,26 @@ Retry runs it again for those prompts only (the rest are on disk and skipped).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from draftsmith.config import Settings
+from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.client import ChatClient, ChatError
 from draftsmith.generation.inflight import InflightCap
 from draftsmith.generation.progress import ProgressBoard
-from draftsmith.generation.store import RECORD_SCHEMA, done_ids, load_prompts, write_shard
+from draftsmith.generation.runcache import done_index, prompt_index
+from draftsmith.generation.store import RECORD_SCHEMA, write_shard
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
+
+API_KEY_ENV = "DRAFTSMITH_TARGET__API_KEY"
+URL_ENV = "DRAFTSMITH_TARGET__URL"
 
 
 class TransientFailures(RuntimeError):
@@ -89,12 +96,63 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: InflightCap, 
     return record
 
 
-async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model: str, job_id: str) -> tuple[list, int]:
-    from draftsmith.queues import connect
+class ShardWriter:
+    """Writes a job's finished records as they complete: every ``flush_s`` seconds and once more when the job ends
+    (normally, on an error, or on rq's job timeout), so finished answers are never lost with the batch (issue 12).
 
-    rc = connect(s.redis.url)
+    Raises (from :meth:`flush`):
+        DiskSpaceError: the disk is full; the answers not written are counted in the message (they are
+        regenerated when the job runs again).
+    """
+
+    def __init__(self, records_dir: Path, job_id: str, flush_s: float = 5.0) -> None:
+        self.records_dir, self.job_id, self.flush_s = records_dir, job_id, flush_s
+        self.pending: list[dict[str, Any]] = []
+        self.written = self.dropped = 0
+        self.shards: list[str] = []
+        self._lock = threading.Lock()
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Queue one finished record (stamped with the job id and the time) for the next :meth:`flush`."""
+        record["job_id"] = self.job_id
+        record["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self._lock:
+            self.pending.append(record)
+
+    def flush(self) -> int:
+        """Write what is pending as one shard; returns the number of records written."""
+        with self._lock:
+            batch, self.pending = self.pending, []
+        if not batch:
+            return 0
+        try:
+            shard, dropped = write_shard(self.records_dir, self.job_id, batch)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            raise DiskSpaceError(
+                f"disk full under {self.records_dir}: {len(batch)} finished answer(s) of job {self.job_id} could "
+                "not be written (they will be generated again)",
+                "free some space, then start the worker again (or re-run `draftsmith enqueue`)",
+            ) from None
+        self.written += len(batch) - dropped
+        self.dropped += dropped
+        if shard is not None:
+            self.shards.append(shard.name)
+        return len(batch) - dropped
+
+    async def keep_flushing(self) -> None:
+        """Flush every ``flush_s`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(self.flush_s)
+            await asyncio.to_thread(self.flush)
+
+
+async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model: str, writer: ShardWriter,
+               rc) -> int:
+    """Answer ``prompts``; each finished record goes to ``writer``. Returns the number of transient failures."""
     g = s.generation
-    cap = InflightCap(rc, s.redis.prefix, g.concurrency, lease_s=g.request_timeout_s + 60)
+    cap = InflightCap(rc, s.redis.prefix, g.concurrency, stage="generate")
     board = ProgressBoard(rc, s.redis.prefix, run_root)
     board.start_if_unset()
     run = run_root.name
@@ -105,69 +163,97 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
         M.GEN_ERRORS.labels(run, e.reason).inc()
         board.incr(**{f"err:{e.reason}": 1})
 
-    client = ChatClient(s.target.url, model, api_key=s.target.api_key, request_timeout_s=g.request_timeout_s,
-                        connect_timeout_s=g.connect_timeout_s, max_retries=g.max_retries, backoff_s=g.backoff_s,
-                        on_error=count_error)
+    # the worker's own target wins (a pool next to its server replica); else the URL enqueue checked
+    client = ChatClient(os.environ.get(URL_ENV) or s.target.url, model, api_key=s.target.api_key or os.environ.get(API_KEY_ENV),
+                        request_timeout_s=g.request_timeout_s, connect_timeout_s=g.connect_timeout_s,
+                        max_retries=g.max_retries, backoff_s=g.backoff_s, on_error=count_error)
+    failed = 0
+
+    async def one(p: dict[str, Any]) -> None:
+        nonlocal failed
+        r = await _answer(p, client, cap, board, s, run)
+        if r is None:
+            failed += 1
+        else:
+            writer.add(r)
+
+    helpers = [asyncio.create_task(cap.keep_renewed()), asyncio.create_task(writer.keep_flushing())]
     try:
-        results = await asyncio.gather(*(_answer(p, client, cap, board, s, run) for p in prompts))
+        await asyncio.gather(*(one(p) for p in prompts))
     finally:
+        for t in helpers:
+            t.cancel()
         await client.aclose()
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    records = []
-    for r in results:
-        if r is not None:
-            r["job_id"] = job_id
-            r["created_at"] = now
-            records.append(r)
-    return records, sum(1 for r in results if r is None)
+    return failed
 
 
 def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, settings: dict[str, Any]) -> dict:
-    """rq job: answer ``prompt_ids`` of the run at ``run_root`` with ``model`` and write one record shard.
+    """rq job: answer ``prompt_ids`` of the run at ``run_root`` with ``model``; finished records are written to
+    shards as they complete (see :class:`ShardWriter`).
 
     Args:
         run_root: the run folder (``runs/<run>``), shared by every worker.
         job_id: deterministic job id (also the shard name).
         prompt_ids: ids in ``prompts.jsonl``.
         model: served model name (resolved by ``enqueue``).
-        settings: the resolved :class:`Settings` as JSON.
+        settings: the resolved :class:`Settings` as JSON, without secrets (the target's API key is read from
+            ``DRAFTSMITH_TARGET__API_KEY`` in the worker's environment; Redis is the worker's own connection).
 
     Returns:
-        ``{"shard", "written", "duplicates_dropped", "skipped_done", "transient_failures"}``.
+        ``{"shard", "shards", "written", "duplicates_dropped", "skipped_done", "transient_failures"}``.
 
     Raises:
         TransientFailures: after writing what succeeded, if some prompts failed transiently (rq retries the job).
+        DiskSpaceError: the disk is full (what was written stays; the rest is generated again later).
     """
     from draftsmith import metrics as M
 
     s = Settings.model_validate(settings)
     root = Path(run_root)
     records_dir = root / "records"
-    all_prompts = load_prompts(root / "prompts.jsonl")
-    done = done_ids(records_dir)
-    todo = [all_prompts[i] for i in prompt_ids if i in all_prompts and i not in done]
+    prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed (issue 13)
+    done = done_index(records_dir)
+    todo = prompts.get([i for i in prompt_ids if i not in done])
     skipped = len(prompt_ids) - len(todo)
     if not todo:
-        return {"shard": None, "written": 0, "duplicates_dropped": 0, "skipped_done": skipped, "transient_failures": 0}
+        return {"shard": None, "shards": [], "written": 0, "duplicates_dropped": 0, "skipped_done": skipped,
+                "transient_failures": 0}
     t0 = time.time()
+    rc = _redis(s)
+    writer = ShardWriter(records_dir, job_id)
+    failed = 0
     try:
-        records, failed = asyncio.run(_run(todo, s, root, model, job_id))
-        shard, dropped = write_shard(records_dir, job_id, records)
-        from draftsmith.queues import connect
-
-        board = ProgressBoard(connect(s.redis.url), s.redis.prefix, root)
-        board.incr(prompts_done=len(records) - dropped)
-        board.set(last_result_at=repr(time.time()))
-        M.GEN_PROMPTS_DONE.labels(root.name).set(len(done) + len(records) - dropped)
-        M.GEN_PROMPTS_TOTAL.labels(root.name).set(len(all_prompts))
+        failed = asyncio.run(_run(todo, s, root, model, writer, rc))
     finally:
-        if M.multiprocess_enabled():
-            from prometheus_client import multiprocess
+        try:
+            writer.flush()
+        finally:
+            if writer.written:
+                board = ProgressBoard(rc, s.redis.prefix, root)
+                board.incr(prompts_done=writer.written)
+                board.set(last_result_at=repr(time.time()))
+                M.GEN_PROMPTS_DONE.labels(root.name).set(len(done))
+                M.GEN_PROMPTS_TOTAL.labels(root.name).set(len(prompts))
+            if M.multiprocess_enabled():
+                from prometheus_client import multiprocess
 
-            multiprocess.mark_process_dead(os.getpid())
+                multiprocess.mark_process_dead(os.getpid())
     log.info("job %s: %d records in %.1f s (%d duplicates dropped, %d transient failures)", job_id,
-             len(records) - dropped, time.time() - t0, dropped, failed)
+             writer.written, time.time() - t0, writer.dropped, failed)
     if failed:
         raise TransientFailures(f"{failed} prompt(s) failed after every retry; the job will be retried for them")
-    return {"shard": shard.name if shard else None, "written": len(records) - dropped, "duplicates_dropped": dropped,
-            "skipped_done": skipped, "transient_failures": failed}
+    return {"shard": writer.shards[0] if writer.shards else None, "shards": writer.shards,
+            "written": writer.written, "duplicates_dropped": writer.dropped, "skipped_done": skipped,
+            "transient_failures": failed}
+
+
+def _redis(s: Settings):
+    """The Redis connection of the rq worker running this job (its URL and password never travel in the job)."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    if job is not None:
+        return job.connection
+    from draftsmith.queues import connect
+
+    return connect(s.redis.url)

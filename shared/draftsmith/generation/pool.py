@@ -1,76 +1,155 @@
-"""The worker pool: rq's ``WorkerPool`` over draftsmith's queues, plus ``/metrics`` and queue gauges.
+"""The worker pool: rq's ``WorkerPool`` of :class:`~draftsmith.generation.worker.DraftsmithWorker` over draftsmith's
+queues, plus ``/metrics``.
 
 Metrics across forks: the pool sets ``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is imported, so every
 worker and work-horse writes its samples to that folder and the pool's ``/metrics`` sums them
-(``MultiProcessCollector``). A work-horse marks itself dead when its job ends so live gauges drop its values.
+(``MultiProcessCollector``). The pool process itself writes no metric from a thread: the queue gauges are read from
+Redis at scrape time (:class:`QueueCollector`), and the value lock is never held across a fork
+(:func:`draftsmith.metrics.prepare_multiprocess_dir`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+from rq.worker_pool import WorkerPool
+
 from draftsmith.config import Settings
+from draftsmith.errors import DiskSpaceError
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
 
 
-def _queue_gauges(s: Settings, stages: list[str], stop: threading.Event, every_s: float = 5.0) -> None:
-    from rq import Worker
-    from rq.registry import FailedJobRegistry, StartedJobRegistry
+class QueueCollector:
+    """Prometheus collector of the queue gauges (``draftsmith_queue_*``, ``draftsmith_workers_alive``), read from
+    Redis at every scrape; a Redis error yields no queue samples for that scrape (and a warning)."""
 
-    from draftsmith import metrics as M
-    from draftsmith.queues import connect, get_queue
+    def __init__(self, client, prefix: str, stages: list[str]) -> None:
+        self.client, self.prefix, self.stages = client, prefix, stages
 
-    client = connect(s.redis.url)
-    while not stop.is_set():
+    def collect(self):
+        """Yield one gauge family per queue metric with one sample per stage."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        from draftsmith import metrics as M
+        from draftsmith.queue_exporter import queue_stats
+        from draftsmith.queues import get_queue
+
+        fams = {k: GaugeMetricFamily(g._name, g._documentation, labels=["queue"]) for k, g in (
+            ("waiting", M.QUEUE_DEPTH), ("started", M.QUEUE_STARTED), ("failed", M.QUEUE_FAILED),
+            ("workers", M.WORKERS_ALIVE))}
         try:
-            for st in stages:
-                q = get_queue(client, s.redis.prefix, st)
-                M.QUEUE_DEPTH.labels(q.name).set(q.count)
-                M.QUEUE_STARTED.labels(q.name).set(StartedJobRegistry(queue=q).count)
-                M.QUEUE_FAILED.labels(q.name).set(FailedJobRegistry(queue=q).count)
-                M.WORKERS_ALIVE.labels(q.name).set(Worker.count(queue=q))
-        except Exception as e:  # keep the gauges thread alive across Redis hiccups
+            for st in self.stages:
+                q = queue_stats(get_queue(self.client, self.prefix, st))
+                for k, fam in fams.items():
+                    fam.add_metric([q.queue], getattr(q, k))
+        except Exception as e:  # a scrape during a Redis hiccup
             log.warning("queue gauges: %s", e)
-        stop.wait(every_s)
+            return
+        yield from fams.values()
 
 
-def run_pool(s: Settings, stages: list[str], processes: int, burst: bool = False,
-             metrics_port: int | None = None) -> None:
+class DraftsmithPool(WorkerPool):
+    """rq's pool that stops as a whole when one of its workers stopped for a full disk."""
+
+    disk_full = False
+    compact_every_s = 10.0
+    _compacted_at = 0.0
+
+    def check_workers(self, respawn: bool = True) -> None:
+        """rq's check, then (every ``compact_every_s``) fold dead processes' metric files into the archives."""
+        super().check_workers(respawn=respawn)
+        from draftsmith import metrics as M
+
+        if M.multiprocess_enabled() and time.monotonic() - self._compacted_at >= self.compact_every_s:
+            self._compacted_at = time.monotonic()
+            try:
+                M.compact_dead_files(Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
+            except (OSError, ValueError) as e:
+                log.warning("metrics compaction: %s", e)
+
+    def handle_dead_worker(self, worker_data) -> None:
+        """rq's bookkeeping, plus: drop the dead worker's live metrics; stop the pool after a full disk."""
+        from draftsmith import metrics as M
+        from draftsmith.generation.worker import DISK_FULL_EXIT
+
+        super().handle_dead_worker(worker_data)
+        if M.multiprocess_enabled():
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(worker_data.pid)
+        if worker_data.process.exitcode == DISK_FULL_EXIT and not self.disk_full:
+            self.disk_full = True
+            self.status = self.Status.STOPPED
+            self.stop_workers()
+
+
+def metrics_dir(s: Settings) -> tuple[Path, bool]:
+    """The pool's multiprocess metrics folder and whether the pool owns it (then removes it when it stops)."""
+    if s.metrics.multiproc_dir:
+        return Path(s.metrics.multiproc_dir), False
+    return Path(tempfile.mkdtemp(prefix="draftsmith-metrics-")), True
+
+
+def default_processes(s: Settings, stages: list[str]) -> int:
+    """Worker processes a pool needs so its requests in flight can reach ``generation.concurrency``: each process
+    runs one job of ``batch_size`` prompts at a time (1 for a pool without the generate queue)."""
+    if "generate" not in stages:
+        return 1
+    return max(1, -(-s.generation.concurrency // s.generation.batch_size))
+
+
+def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool = False,
+             metrics_port: int | None = None, metrics_addr: str = "127.0.0.1") -> None:
     """Run ``processes`` rq workers on the queues of ``stages`` until stopped (or, with ``burst``, until empty).
+
+    A pool serving ``generate`` sets that stage's in-flight cap from ``generation.concurrency``; a pool serving
+    only other stages leaves it alone.
 
     Raises:
         QueueError: Redis does not answer.
+        DiskSpaceError: a worker found the disk of a run full; the pool stopped (finished shards are kept).
     """
-    mp_dir = s.metrics.multiproc_dir or Path(tempfile.mkdtemp(prefix="draftsmith-metrics-"))
+    if not processes:
+        processes = default_processes(s, stages)
+    mp_dir, owned = metrics_dir(s)
     from draftsmith.metrics import prepare_multiprocess_dir
 
-    prepare_multiprocess_dir(Path(mp_dir))
+    prepare_multiprocess_dir(mp_dir)
     from rq.serializers import JSONSerializer
-    from rq.worker_pool import WorkerPool
 
+    import draftsmith.generation.jobs  # noqa: F401  (loaded once here, inherited by every fork)
+    from draftsmith.generation.client import tls_context
     from draftsmith.generation.inflight import InflightCap
+    from draftsmith.generation.worker import DraftsmithWorker
     from draftsmith.metrics import serve_metrics
     from draftsmith.queues import connect, get_queue
 
+    tls_context()  # built once here, inherited by every worker and work-horse
     client = connect(s.redis.url)
-    InflightCap(client, s.redis.prefix, s.generation.concurrency, 0).set_cap(s.generation.concurrency)
+    if "generate" in stages:
+        InflightCap(client, s.redis.prefix, s.generation.concurrency, stage="generate").set_cap(
+            s.generation.concurrency)
     port = s.metrics.port if metrics_port is None else metrics_port
-    serve_metrics(port)
-    stop = threading.Event()
-    threading.Thread(target=_queue_gauges, args=(s, stages, stop), daemon=True, name="queue-gauges").start()
+    serve_metrics(port, addr=metrics_addr, extra=[QueueCollector(client, s.redis.prefix, stages)])
     queues = [get_queue(client, s.redis.prefix, st) for st in stages]
-    log.info("worker pool: %d process(es) on %s, in-flight cap %d, /metrics on :%s (pid %d)", processes,
-             ", ".join(q.name for q in queues), s.generation.concurrency, port or "off", os.getpid())
-    pool = WorkerPool(queues, connection=client, num_workers=processes, serializer=JSONSerializer)
+    log.info("worker pool: %d process(es) on %s, in-flight cap %s, /metrics on %s (pid %d)", processes,
+             ", ".join(q.name for q in queues), s.generation.concurrency if "generate" in stages else "-",
+             f"{metrics_addr}:{port}" if port else "off", os.getpid())
+    pool = DraftsmithPool(queues, connection=client, num_workers=processes, serializer=JSONSerializer,
+                          worker_class=DraftsmithWorker)
     t0 = time.time()
     try:
         pool.start(burst=burst, logging_level=s.log_level)
     finally:
-        stop.set()
+        if owned:
+            shutil.rmtree(mp_dir, ignore_errors=True)
     log.info("worker pool stopped after %.0f s", time.time() - t0)
+    if pool.disk_full:
+        raise DiskSpaceError(f"a worker found the disk under {s.runs_dir} full and the pool stopped",
+                             "free some space, then start the worker again; finished shards are kept")

@@ -3,7 +3,9 @@
 One JSONL shard per job attempt under ``runs/<run>/records/`` with a ``.meta.json`` sidecar listing its prompt ids;
 shards are written to a temporary name and renamed. Writers take an ``fcntl`` lock on ``records/.lock`` and drop
 records whose prompt already has one, so a prompt has exactly one record even when a Redis flush or a killed
-worker makes two jobs answer it. ``manifest.json`` is a cache rebuilt from the sidecars.
+worker makes two jobs answer it. Each writer appends its sidecar as one line to ``shards.idx`` (the journal that
+jobs read incrementally, :mod:`draftsmith.generation.runcache`); ``manifest.json`` and the journal are rebuilt
+from the sidecars by :func:`rebuild_manifest` (``enqueue`` runs it).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,8 +67,13 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
     Raises:
         DiskSpaceError / OSError: the disk is full; nothing partial becomes visible.
     """
+    from draftsmith.generation.runcache import done_index
+
     with records_lock(records_dir):
-        done = done_ids(records_dir)
+        journal = records_dir / JOURNAL
+        if not journal.exists():
+            _write_journal(records_dir)  # an older run, or the journal was removed: rebuilt from the sidecars
+        done = done_index(records_dir)
         fresh = [r for r in records if r["id"] not in done]
         dropped = len(records) - len(fresh)
         if not fresh:
@@ -77,6 +85,7 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
             shard = records_dir / f"{name}.r{n}.jsonl"
             n += 1
         atomic_write_text(shard, text)
+        sidecar = shard.with_name(shard.name[: -len(".jsonl")] + ".meta.json")
         meta = {
             "schema": SHARD_SCHEMA,
             "shard": shard.name,
@@ -86,17 +95,67 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
             "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        # the sidecar makes the shard count: written last, atomically
-        atomic_write_text(shard.with_name(shard.name[: -len(".jsonl")] + ".meta.json"), json.dumps(meta))
-        _write_manifest(records_dir)
+        # the sidecar makes the shard count: written last, atomically; a shard whose sidecar could not be written
+        # is removed (its prompts are not done and will be generated again)
+        try:
+            atomic_write_text(sidecar, json.dumps(meta))
+        except BaseException:
+            shard.unlink(missing_ok=True)
+            raise
+        # the journal: one appended line, so no writer or reader re-reads every sidecar (issue 13); a line lost to
+        # a crash right here is restored by the next `rebuild_manifest` (enqueue), the sidecar being the truth
+        line = (json.dumps({k: meta[k] for k in _JOURNAL_KEYS}) + "\n").encode()
+        fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        done.ids.update(meta["ids"])
         return shard, dropped
 
 
-def _write_manifest(records_dir: Path) -> dict[str, Any]:
-    shards = []
+JOURNAL = "shards.idx"
+_JOURNAL_KEYS = ("shard", "ids", "count", "ok", "sha256", "created_at")
+
+
+def _sidecars(records_dir: Path) -> list[dict[str, Any]]:
+    out = []
     for meta in _meta_files(records_dir):
-        m = json.loads(meta.read_text())
-        shards.append({k: m[k] for k in ("shard", "count", "ok", "sha256", "created_at")})
+        try:
+            out.append(json.loads(meta.read_text()))
+        except (OSError, ValueError) as e:
+            raise DataError(f"shard sidecar {meta} is unreadable ({e})",
+                            "remove it and its .jsonl shard; those prompts will be regenerated") from e
+    return out
+
+
+def _write_journal(records_dir: Path, metas: list[dict[str, Any]] | None = None) -> None:
+    metas = _sidecars(records_dir) if metas is None else metas
+    atomic_write_text(records_dir / JOURNAL, "".join(json.dumps({k: m[k] for k in _JOURNAL_KEYS}) + "\n"
+                                                     for m in metas))
+
+
+def sweep_records(records_dir: Path) -> dict[str, int]:
+    """Remove what interrupted writers left in a records folder (under the lock, so no write is in progress):
+    temporary files of atomic writes and shards without their ``.meta.json`` sidecar (never counted as done).
+
+    Returns:
+        ``{"temp_files": n, "orphan_shards": m}`` removed.
+    """
+    if not records_dir.is_dir():
+        return {"temp_files": 0, "orphan_shards": 0}
+    with records_lock(records_dir):
+        tmp = [p for p in records_dir.glob(".*.tmp-*")]
+        orphans = [p for p in records_dir.glob("*.jsonl")
+                   if not p.with_name(p.name[: -len(".jsonl")] + ".meta.json").exists()]
+        for p in tmp + orphans:
+            p.unlink(missing_ok=True)
+    return {"temp_files": len(tmp), "orphan_shards": len(orphans)}
+
+
+def _write_manifest(records_dir: Path) -> dict[str, Any]:
+    metas = _sidecars(records_dir)
+    shards = [{k: m[k] for k in ("shard", "count", "ok", "sha256", "created_at")} for m in metas]
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "shards": shards,
@@ -105,11 +164,15 @@ def _write_manifest(records_dir: Path) -> dict[str, Any]:
         "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic_write_text(records_dir / "manifest.json", json.dumps(manifest, indent=1))
+    _write_journal(records_dir, metas)
     return manifest
 
 
 def rebuild_manifest(records_dir: Path) -> dict[str, Any]:
-    """Rebuild ``manifest.json`` from the shard sidecars (under the lock)."""
+    """Rebuild ``manifest.json`` and the journal ``shards.idx`` from the shard sidecars (under the lock).
+
+    ``enqueue`` calls it; writers only append to the journal (the manifest's running form).
+    """
     with records_lock(records_dir):
         return _write_manifest(records_dir)
 

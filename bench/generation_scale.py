@@ -1,0 +1,215 @@
+"""Benchmark: the worker pool against a fast server, at run sizes 1,000 / 10,000 / 50,000 prompts (issue 13).
+
+A fast local OpenAI-compatible server (``bench/stub_target.py``: vLLM-shaped bodies with ``token_ids``, no delay)
+stands in for the target, so the pool, not the model, is what is measured. For each size, on the same prompts and
+at the same concurrency (``generation.concurrency``, default 128):
+
+- bare: one asyncio :class:`~draftsmith.generation.client.ChatClient` with a semaphore, in this process;
+- pool: ``draftsmith worker`` with its defaults (processes = ceil(concurrency / batch_size)), started and idle
+  before timing; workers are suspended (rq) during ``enqueue`` and timed from their resumption to the last record.
+
+Printed per size: req/s of both, their ratio, and the pool's CPU per job beyond the bare client's CPU for the
+same requests (``per-job overhead``; CPU seconds of every pool process, from ``RUSAGE_CHILDREN``, minus the
+pool's idle start-up CPU). Last line: ``RATIO generation_scale <pool/bare at 10,000>``.
+
+``--scale-out``: two pools (as two compose generator containers) against one Redis and two server replicas with a
+fixed delay and a fixed number of sequences each (the servers are the bottleneck), vs one pool against one replica;
+prints ``RATIO generation_scale_out <two/one>`` (goal >= 1.8).
+
+Usage: ``python bench/generation_scale.py [--sizes 1000,10000,50000] [--scale-out]``; Redis from
+``DRAFTSMITH_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/15``; the database is flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+from draftsmith.config import load_settings
+from draftsmith.generation.client import ChatClient
+from draftsmith.generation.enqueue import enqueue
+from draftsmith.generation.store import done_ids
+from rq.suspension import resume, suspend
+
+REPO = Path(__file__).resolve().parents[1]
+PREFIX = "dsbench"
+
+
+def start_stub(*args: str) -> tuple[subprocess.Popen, str]:
+    p = subprocess.Popen([sys.executable, str(REPO / "bench" / "stub_target.py"), *args], stdout=subprocess.PIPE,
+                         text=True)
+    return p, f"http://127.0.0.1:{int(p.stdout.readline().split()[1])}"
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def prompts_file(work: Path, n: int) -> Path:
+    src = work / f"prompts-{n}.jsonl"
+    src.write_text("".join(json.dumps({"question": f"Question {i}: what is {i} + {i}?"}) + "\n" for i in range(n)))
+    return src
+
+
+async def bare(url: str, src: Path, concurrency: int) -> tuple[int, float, float]:
+    """(requests, seconds, CPU seconds of this process) for every prompt of ``src``."""
+    msgs = [[{"role": "user", "content": json.loads(line)["question"]}] for line in src.read_text().splitlines()]
+    client = ChatClient(url, "stub", max_connections=concurrency)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(m):
+        async with sem:
+            await client.chat(m, {"max_tokens": 8, "temperature": 0.0, "return_token_ids": True})
+
+    c0, t0 = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(one(m) for m in msgs))
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    await client.aclose()
+    return len(msgs), dt, cpu
+
+
+def pool_env(redis_url: str, work: Path, url: str, concurrency: int) -> dict[str, str]:
+    return dict(os.environ, DRAFTSMITH_REDIS__URL=redis_url, DRAFTSMITH_REDIS__PREFIX=PREFIX,
+                DRAFTSMITH_RUNS_DIR=str(work), DRAFTSMITH_TARGET__URL=url, DRAFTSMITH_LOG_LEVEL="WARNING",
+                DRAFTSMITH_GENERATION__CONCURRENCY=str(concurrency), DRAFTSMITH_GENERATION__MAX_TOKENS="8")
+
+
+def start_pool(env: dict[str, str], *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "draftsmith", "worker", "--metrics-port", "0", *extra], env=env,
+                            start_new_session=True)
+
+
+def stop_pool(p: subprocess.Popen) -> None:
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        p.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def wait_idle(r: redis.Redis, n_workers: int, timeout: float = 120) -> None:
+    from rq import Worker
+
+    t0 = time.time()
+    while Worker.count(connection=r) < n_workers and time.time() - t0 < timeout:
+        time.sleep(0.2)
+    time.sleep(1.0)
+
+
+def pool_run(redis_url: str, work: Path, url: str, src: Path, n: int, concurrency: int, run: str,
+             urls: list[str] | None = None) -> tuple[float, int, int]:
+    """(seconds, jobs, worker processes) of one or more pools answering ``src``; each pool talks to one url."""
+    r = redis.Redis.from_url(redis_url)
+    s = load_settings(None, {"runs_dir": str(work), "run": run, "redis": {"url": redis_url, "prefix": PREFIX},
+                             "target": {"url": url, "model": "stub"},
+                             "generation": {"concurrency": concurrency, "max_tokens": 8, "min_free_disk_gb": 0}})
+    from draftsmith.generation.pool import default_processes
+
+    procs = default_processes(s, ["generate"])
+    pools = [start_pool(pool_env(redis_url, work, u, concurrency)) for u in (urls or [url])]
+    wait_idle(r, procs * len(pools))
+    suspend(r)
+    rep = enqueue(s, str(src), None, s.generation.batch_size, say=lambda m: None)
+    records = work / run / "records"
+    t0 = time.perf_counter()
+    resume(r)
+    while len(done_ids(records)) < n:
+        time.sleep(0.25)
+    dt = time.perf_counter() - t0
+    for p in pools:
+        stop_pool(p)
+    return dt, len(rep.jobs), procs * len(pools)
+
+
+def idle_pool_cpu(redis_url: str, work: Path, url: str, concurrency: int) -> float:
+    """CPU seconds of a pool that starts, idles and stops (its fixed cost, subtracted from the runs)."""
+    r = redis.Redis.from_url(redis_url)
+    s = load_settings(None, {"generation": {"concurrency": concurrency}})
+    from draftsmith.generation.pool import default_processes
+
+    c0 = children_cpu()
+    p = start_pool(pool_env(redis_url, work, url, concurrency))
+    wait_idle(r, default_processes(s, ["generate"]))
+    stop_pool(p)
+    return children_cpu() - c0
+
+
+def sizes_run(redis_url: str, sizes: list[int], concurrency: int) -> None:
+    stub, url = start_stub()
+    ratio_10k = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="ds-scale-") as tmp:
+            work = Path(tmp)
+            idle = idle_pool_cpu(redis_url, work, url, concurrency)
+            print(f"pool start-up CPU (idle pool, subtracted): {idle:.2f} s")
+            print("| prompts | bare req/s | pool req/s | pool/bare | pool processes | jobs | per-job overhead (CPU ms) |")
+            print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+            for n in sizes:
+                redis.Redis.from_url(redis_url).flushdb()
+                src = prompts_file(work, n)
+                nb, tb, cpu_b = asyncio.run(bare(url, src, concurrency))
+                c0 = children_cpu()
+                tp, jobs, procs = pool_run(redis_url, work, url, src, n, concurrency, f"scale{n}")
+                cpu_p = children_cpu() - c0 - idle
+                overhead_ms = 1000 * (cpu_p - cpu_b) / max(1, jobs)
+                ratio = (n / tp) / (nb / tb)
+                if n == 10000:
+                    ratio_10k = ratio
+                print(f"| {n} | {nb / tb:.0f} | {n / tp:.0f} | {ratio:.3f} | {procs} | {jobs} | {overhead_ms:.1f} |",
+                      flush=True)
+    finally:
+        stub.kill()
+        stub.wait()
+    if ratio_10k is not None:
+        print(f"RATIO generation_scale {ratio_10k:.3f}")
+
+
+def scale_out_run(redis_url: str, n: int, concurrency: int, delay_s: float, slots: int) -> None:
+    """One pool + one replica vs two pools + two replicas; each replica serves ``slots`` requests at once."""
+    a, url_a = start_stub("--delay-s", str(delay_s), "--max-concurrency", str(slots))
+    b, url_b = start_stub("--delay-s", str(delay_s), "--max-concurrency", str(slots))
+    try:
+        with tempfile.TemporaryDirectory(prefix="ds-scaleout-") as tmp:
+            work = Path(tmp)
+            src = prompts_file(work, n)
+            redis.Redis.from_url(redis_url).flushdb()
+            t1, _, _ = pool_run(redis_url, work, url_a, src, n, concurrency, "one")
+            redis.Redis.from_url(redis_url).flushdb()
+            t2, _, _ = pool_run(redis_url, work, url_a, src, n, concurrency, "two", urls=[url_a, url_b])
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+    print(f"scale-out: {n} prompts, replicas of {slots} sequences x {delay_s} s; one pool {n / t1:.0f} req/s, "
+          f"two pools {n / t2:.0f} req/s")
+    print(f"RATIO generation_scale_out {t1 / t2:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,10000,50000", help="Comma-separated run sizes (prompts).")
+    ap.add_argument("--concurrency", type=int, default=128)
+    ap.add_argument("--scale-out", action="store_true", help="Measure two pools + two replicas instead.")
+    ap.add_argument("--scale-out-prompts", type=int, default=2000)
+    a = ap.parse_args()
+    redis_url = os.environ.get("DRAFTSMITH_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+    if a.scale_out:
+        scale_out_run(redis_url, a.scale_out_prompts, a.concurrency, delay_s=0.2, slots=16)
+    else:
+        sizes_run(redis_url, [int(x) for x in a.sizes.split(",") if x], a.concurrency)
+
+
+if __name__ == "__main__":
+    main()

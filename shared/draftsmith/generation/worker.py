@@ -1,0 +1,176 @@
+"""draftsmith's rq worker: rq's forking ``Worker`` plus the clean-up of what a dead process leaves behind.
+
+- The scheduler child (rq forks one per worker that wins the scheduler lock) dies with its worker: it asks the
+  kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``) and checks its parent at every heartbeat, then
+  releases the lock. Without this a SIGKILLed worker left its scheduler running under PID 1 (issue 12).
+- A work-horse that dies without cleaning up (SIGKILL, OOM) has its in-flight leases returned and its live
+  metric values dropped by the worker that forked it, at once.
+- A full disk under a job's run folder stops the worker taking work: the job goes back to the front of its queue,
+  one line says what to do, and the worker exits (the pool then stops; the run stays resumable).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from pathlib import Path
+
+from rq.scheduler import RQScheduler
+from rq.worker import Worker
+
+from draftsmith.errors import DiskSpaceError
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+DISK_FULL_EXIT = 75  # EX_TEMPFAIL: the worker process stopped because the disk is full
+MIN_FREE_BYTES = 64 * 1024  # below this a disk counts as full whatever generation.min_free_disk_gb says
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies; returns False where that is unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class BoundScheduler(RQScheduler):
+    """rq's scheduler, but its process never outlives the worker that started it."""
+
+    _parent_pid = 0
+
+    def start(self):
+        """Fork the scheduler process (as rq does) bound to this worker."""
+        self._parent_pid = os.getpid()
+        return super().start()
+
+    def work(self):
+        """The scheduler loop in the child; stops when the parent worker is gone."""
+        die_with_parent(signal.SIGTERM)
+        if self._parent_pid and os.getppid() != self._parent_pid:
+            self.request_stop()  # the parent died between the fork and the prctl
+        super().work()
+
+    def heartbeat(self):
+        """rq's heartbeat, unless the worker died: then release the lock and stop at once."""
+        if self._parent_pid and os.getppid() != self._parent_pid:
+            log.warning("scheduler %d: its worker %d is gone; releasing the scheduler lock", os.getpid(),
+                        self._parent_pid)
+            self.stop()
+            os._exit(0)
+        super().heartbeat()
+
+
+class DraftsmithWorker(Worker):
+    """The worker class of draftsmith's pool (see the module docstring)."""
+
+    disk_full: str | None = None
+
+    def _start_scheduler(self, burst: bool = False, logging_level: str | None = "INFO", *args, **kwargs):
+        """rq's scheduler start, with :class:`BoundScheduler` (burst workers only enqueue due jobs, in-process)."""
+        self.scheduler = BoundScheduler(self.queues, connection=self.connection, serializer=self.serializer,
+                                        logging_level=logging_level if logging_level is not None else self.log.level)
+        self.scheduler.acquire_locks()
+        if not self.scheduler.acquired_locks:
+            return
+        if burst:
+            try:
+                self.scheduler.register_birth()
+                self.scheduler.enqueue_scheduled_jobs()
+            finally:
+                self.scheduler.release_locks()
+                self.scheduler.register_death()
+        else:
+            self.scheduler.start()
+
+    def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
+        """Return the dead horse's in-flight leases and drop its live metric values, then do rq's part."""
+        pid = retpid or self.horse_pid
+        if pid:
+            release_dead_process(self.connection, job, pid)
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+
+    def execute_job(self, job, queue):
+        """Run ``job`` in a work-horse unless the disk of its run folder is full (then stop taking work)."""
+        try:
+            check_job_disk(job)
+        except DiskSpaceError as e:
+            self.connection.lrem(queue.intermediate_queue_key, 1, job.id)
+            queue.enqueue_job(job, at_front=True)
+            self.disk_full = str(e)
+            log.error("%s; this worker stops taking work (job %s is back in the queue)", e, job.id)
+            self._stop_requested = True
+            return
+        try:
+            from draftsmith.generation.runcache import warm
+
+            warm((job.kwargs or {}).get("run_root") or "")  # read once here, inherited by the horse (issue 13)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("job %s: run caches not warmed (%s); the job reads the run itself", job.id, e)
+        super().execute_job(job, queue)
+        flag = self.connection.getdel(self._disk_full_key)  # set by the work-horse (see handle_exception)
+        if flag:
+            self.disk_full = flag.decode()
+            log.error("job %s stopped on a full disk; this worker stops taking work", job.id)
+            self._stop_requested = True
+
+    @property
+    def _disk_full_key(self) -> str:
+        return f"rq:worker:{self.name}:draftsmith-disk-full"
+
+    def handle_exception(self, job, *exc_info):
+        """A user-facing failure of a job (a full disk, prompts to retry) is one line; anything else keeps rq's
+        full report with its traceback."""
+        from draftsmith.errors import DraftsmithError
+        from draftsmith.generation.jobs import TransientFailures
+
+        exc = exc_info[1] if len(exc_info) > 1 else None
+        if not isinstance(exc, DraftsmithError | TransientFailures):
+            return super().handle_exception(job, *exc_info)
+        log.error("job %s: %s: %s", job.id, type(exc).__name__, exc)
+        if isinstance(exc, DiskSpaceError):  # tell the worker (this is its work-horse) to stop taking work
+            self.connection.set(self._disk_full_key, str(exc), ex=3600)
+        from rq.job_lifecycle import call_exception_handlers
+
+        call_exception_handlers(self._exc_handlers, job, *exc_info)
+
+    def work(self, *args, **kwargs):
+        """rq's work loop; exits the process with :data:`DISK_FULL_EXIT` when it stopped for a full disk."""
+        result = super().work(*args, **kwargs)
+        if self.disk_full:
+            raise SystemExit(DISK_FULL_EXIT)
+        return result
+
+
+def check_job_disk(job) -> None:
+    """Raises DiskSpaceError when a generation job's run folder has less than ``min_free_disk_gb`` free."""
+    kw = job.kwargs or {}
+    root, settings = kw.get("run_root"), kw.get("settings") or {}
+    if not root:
+        return
+    from draftsmith.generation.enqueue import check_disk
+
+    min_gb = float((settings.get("generation") or {}).get("min_free_disk_gb", 0) or 0)
+    check_disk(Path(root), max(min_gb, MIN_FREE_BYTES / 1e9), mkdir=False)
+
+
+def release_dead_process(connection, job, pid: int) -> None:
+    """Return the leases of dead process ``pid`` and mark it dead for the multiprocess metrics."""
+    from draftsmith import metrics as M
+    from draftsmith.generation.inflight import InflightCap
+
+    prefix = ((job.kwargs or {}).get("settings") or {}).get("redis", {}).get("prefix") or "draftsmith"
+    try:
+        n = InflightCap(connection, prefix, 1).release_owner(pid)
+        if n:
+            log.warning("work-horse %d died holding %d in-flight lease(s); returned them", pid, n)
+    except Exception as e:  # Redis away: the leases expire by themselves within their lease time
+        log.warning("could not return the leases of dead work-horse %d: %s", pid, e)
+    if M.multiprocess_enabled():
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
