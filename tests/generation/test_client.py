@@ -19,6 +19,12 @@ def test_context_length_400s_are_permanent():
         assert err.reason == "context_length" and not err.transient
 
 
+def test_sglang_input_too_long_is_context_length():
+    """SGLang's own words (its ErrorResponse layout; SGLang cannot run here, see fixtures/generation/README.md)."""
+    err = classify_status(400, (FIX / "sglang_400_input_too_long.json").read_text())
+    assert err.reason == "context_length" and not err.transient and err.status == 400
+
+
 def test_other_statuses():
     assert classify_status(404, (FIX / "vllm_404_model.json").read_text()).reason == "http_4xx"
     assert classify_status(400, '{"error": {"message": "bad temperature"}}').reason == "http_4xx"

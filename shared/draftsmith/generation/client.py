@@ -24,6 +24,7 @@ TRANSIENT = {"connection", "timeout", "http_5xx", "http_429", "invalid_response"
 _CONTEXT_MARKERS = (
     "maximum context length", "context length", "max_model_len", "maximum model length", "too long",
     "exceeds the model", "max_tokens", "is longer than",
+    "exceeds the maximum allowed length",  # SGLang: "Input length (N tokens) exceeds the maximum allowed length (M tokens)"
 )
 
 
