@@ -12,7 +12,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from draftsmith.errors import TargetAuthError
 from draftsmith.target.server import resolve_model
 
