@@ -102,6 +102,43 @@ def test_nan_features_are_skipped_and_counted(run_factory):
     assert tr.nan_features >= 1
 
 
+class _PoisonOne:
+    """The real hf extractor with one NaN put into sample ``bad`` of the shard (what a broken kernel or an fp16
+    overflow gives; a real NaN cannot be provoked on this CPU target)."""
+
+    def __init__(self, inner, bad: int) -> None:
+        self.inner, self.bad = inner, bad
+
+    def extract(self, seqs):
+        feats = self.inner.extract(seqs)
+        feats[self.bad].final[2, 5] = float("nan")
+        return feats
+
+
+def test_a_sample_skipped_by_extraction_is_left_out_and_counted(run_factory):
+    """Issue 12 §4: extraction skips and records one NaN sample; training used to refuse the whole run
+    ("has no features ... re-run extract") while extract had nothing left to do."""
+    from draftsmith.features.jobs import extract_shard, get_extractor
+    from draftsmith.features.plan import make_plan
+
+    s = run_factory("skipped", ttt_steps=2, max_steps=2, eval_every=100, eval_fraction=0.0)
+    root = s.runs_dir / "skipped"
+    shutil.rmtree(root / "features")
+    plan = make_plan(s, root)
+    res = extract_shard(plan, 0, _PoisonOne(get_extractor(plan, s), bad=3))
+    bad = plan.shards[0]["sample_ids"][3]
+    assert res["skipped"] == 1 and res["samples"] == len(plan.shards[0]["sample_ids"]) - 1
+    assert extract_shard(plan, 0, None)["status"] == "skipped_existing"  # re-running extract: nothing to do
+    tr = Trainer(s)
+    assert tr.extract_skipped == 1 and bad not in tr.train_ids and len(tr.train_ids) == res["samples"]
+    result = tr.run()
+    assert result["step"] == 2 and result["extract_skipped_samples"] == 1 and result["nan_feature_samples"] == 0
+    status = json.loads((tr.paths.status / "train.json").read_text())
+    assert status["extract_skipped_samples"] == 1
+    with pytest.raises(DataError, match="skipped by extraction"):
+        tr.features.get([bad])
+
+
 def test_bad_inputs_fail_before_anything_is_written(run_factory, tmp_path):
     s = run_factory("bad", ttt_steps=2, max_steps=2)
     root = s.runs_dir / "bad"

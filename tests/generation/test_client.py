@@ -40,6 +40,7 @@ def test_parse_real_response_reads_token_ids_and_usage():
     assert r.finish_reason == "stop"
     assert len(r.token_ids) == r.usage["completion_tokens"] == 8
     assert r.token_ids[-1] == 2  # <|im_end|>: the end-of-turn token is generated and reported
+    assert r.prompt_token_ids == body["prompt_token_ids"] and len(r.prompt_token_ids) == r.usage["prompt_tokens"]
     assert r.reasoning is None and r.reasoning_field is None
 
 

@@ -73,6 +73,7 @@ class ChatResult:
     token_ids: list[int] | None
     model: str
     latency_s: float
+    prompt_token_ids: list[int] | None = None  # the prompt as the server tokenized it (vLLM ``return_token_ids``)
 
 
 def parse_chat_response(body: dict[str, Any], latency_s: float) -> ChatResult:
@@ -101,6 +102,7 @@ def parse_chat_response(body: dict[str, Any], latency_s: float) -> ChatResult:
         token_ids=choice.get("token_ids"),
         model=body.get("model", ""),
         latency_s=latency_s,
+        prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
     )
 
 
