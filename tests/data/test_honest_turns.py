@@ -96,6 +96,13 @@ def test_cut_reasoning_supervises_exactly_the_generated_ids(family):
     assert validate_sample(s, r.tok) == []
 
 
+def test_cut_reasoning_of_another_text_is_still_a_mismatch():
+    r = _renderer("qwen3")
+    rec = make_record("c", [(Q, "", R, _ids(r, "<think>\nsomething else entirely"))], finish="length")
+    bad = [m for s in r.render(rec) for m in validate_sample(s, r.tok)]
+    assert len(bad) == 1 and bad[0].side == "generated"
+
+
 def test_cut_reasoning_builds_at_zero_mismatch_rate_and_without_ids_drops_the_turn(tmp_path):
     r = _renderer("qwen3")
     ok = make_record("ok", [(Q, A, "2 + 3 = 5.", _ids(r, f"<think>\n2 + 3 = 5.\n</think>\n\n{A}<|im_end|>"))])

@@ -259,12 +259,17 @@ class ChatRenderer:
     def assemble(self, rec: dict[str, Any], ids: list[tuple[list[int], list[int]]]) -> list[Sample]:
         """Build the samples of a record from the token ids of its ``(prompt, turn)`` texts (see :meth:`texts`).
 
+        A turn cut inside its reasoning supervises exactly its generated ids and ends its sample; without ids it is
+        left out, listed in ``rec["_dropped_turns"]`` (``truncated_reasoning``). Where the server reported
+        ``prompt_token_ids``, the prompt of the same text takes those ids, and a prompt of another text is kept
+        on the span for :func:`draftsmith.data.validate.validate_sample` to report.
+
         Returns:
             One sample per run of prefix-consistent turns (usually one per record).
         """
         samples: list[Sample] = []
         cur: Sample | None = None
-        dropped_turns = rec.setdefault("_dropped_turns", [])
+        dropped_turns = rec["_dropped_turns"] = []
         assistants = [m for m in rec["messages"] if m["role"] == "assistant"]
         for k, (p, tail) in enumerate(ids):                     # p: [n_prompt], tail: [n_turn] incl. template tail
             turn = rec["turns"][k]
@@ -277,17 +282,19 @@ class ChatRenderer:
                 if self.same_text(p, p_exp, {}):
                     p, p_rendered = list(p_exp), None           # same prompt text, the server's own ids
                     flags.append("prompt_retokenized")
-            if self.cut_reasoning(turn, assistants[k]):
-                # cut by max_tokens inside the reasoning: the template closes a block the target never closed
-                if expected is None or not self.is_prefix(expected, tail):
-                    dropped_turns.append("truncated_reasoning")  # what was generated is unknown: not supervised
-                    if cur is not None:
-                        samples.append(cur)
-                    cur = None
-                    continue
+            cut = self.cut_reasoning(turn, assistants[k])
+            if cut and expected is None:
+                # cut by max_tokens inside the reasoning: the template closes a block the target never closed, and
+                # without the server's ids what was generated is unknown: the turn is not supervised
+                dropped_turns.append("truncated_reasoning")
+                if cur is not None:
+                    samples.append(cur)
+                cur = None
+                continue
+            if cut and self.is_prefix(expected, tail):
                 tail, end = list(expected), len(expected)      # exactly what was generated, nothing after it
                 flags.append("cut_reasoning")
-            else:
+            else:  # (a cut turn whose text differs from its ids stays a mismatch for validation to report)
                 eots = [j for j, t in enumerate(tail) if t in self.eot_ids]
                 end = eots[-1] + 1 if eots else len(tail)       # generated span: tail[:end]
                 if turn.get("finish_reason") == "length" and eots:
