@@ -25,6 +25,13 @@ def test_sglang_input_too_long_is_context_length():
     assert err.reason == "context_length" and not err.transient and err.status == 400
 
 
+def test_a_refused_key_is_auth_and_keeps_the_prompt_pending():
+    """vLLM's API-key middleware answers 401 {"error": "Unauthorized"}: never a permanent error record."""
+    err = classify_status(401, '{"error": "Unauthorized"}')
+    assert err.reason == "auth" and err.transient and "check the key" in err.message and "HTTP 401" in err.message
+    assert classify_status(403, "forbidden").reason == "auth"
+
+
 def test_other_statuses():
     assert classify_status(404, (FIX / "vllm_404_model.json").read_text()).reason == "http_4xx"
     assert classify_status(400, '{"error": {"message": "bad temperature"}}').reason == "http_4xx"

@@ -20,7 +20,9 @@ from draftsmith.log import get_logger
 
 log = get_logger(__name__)
 
-TRANSIENT = {"connection", "timeout", "http_5xx", "http_429", "invalid_response"}
+# "auth" (401/403) is not answered by a retry, but it must not become a permanent error record either: the prompt
+# stays pending until the key is fixed (a permanent error record would mark it done for good).
+TRANSIENT = {"connection", "timeout", "http_5xx", "http_429", "invalid_response", "auth"}
 _CONTEXT_MARKERS = (
     "maximum context length", "context length", "max_model_len", "maximum model length", "too long",
     "exceeds the model", "max_tokens", "is longer than",
@@ -47,6 +49,9 @@ def classify_status(status: int, body: str) -> ChatError:
     text = body[:500]
     if status == 429:
         return ChatError("http_429", text, status)
+    if status in (401, 403):
+        return ChatError("auth", f"HTTP {status}: the server refused the API key, check the key "
+                                 f"(DRAFTSMITH_TARGET__API_KEY): {text[:200]}", status)
     if status >= 500:
         return ChatError("http_5xx", text, status)
     if status == 400 and any(m in body.lower() for m in _CONTEXT_MARKERS):
