@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from draftsmith.errors import ConfigError
@@ -107,6 +107,31 @@ class DataConfig(Section):
         8192, ge=1, description="Draft vocabulary size N (top-N supervised tokens); see docs/data.md."
     )
     shard_samples: int = Field(1024, ge=1, description="Samples per samples-XXXXX.safetensors shard.")
+
+    @field_validator("template_kwargs", mode="before")
+    @classmethod
+    def _template_kwargs_from_env(cls, v: Any) -> Any:
+        """Environment values are strings: ``DRAFTSMITH_DATA__TEMPLATE_KWARGS='{"enable_thinking": false}'`` is
+        read as JSON, and each ``DRAFTSMITH_DATA__TEMPLATE_KWARGS__ENABLE_THINKING=false`` value as a JSON scalar
+        (the template must see ``false``, not the truthy string ``"false"``)."""
+        import json
+
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not a JSON object: {v[:60]!r}") from e
+        if isinstance(v, dict):
+            out = {}
+            for k, x in v.items():
+                if isinstance(x, str):
+                    try:
+                        x = json.loads(x)
+                    except json.JSONDecodeError:
+                        pass  # a plain string value stays a string
+                out[k] = x
+            return out
+        return v
 
 
 class ExtractConfig(Section):

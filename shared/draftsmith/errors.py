@@ -36,6 +36,10 @@ class TargetUnavailable(DraftsmithError):
     """The target server does not answer at its URL."""
 
 
+class TargetAuthError(TargetUnavailable):
+    """The target server answers but refuses our credentials (HTTP 401/403): the API key is wrong or missing."""
+
+
 class ModelNotServed(DraftsmithError):
     """The requested model name is not among the models the server serves."""
 

@@ -59,8 +59,9 @@ def test_policies_too_long_and_truncated(tmp_path, embedded_target, smollm2_reco
 def test_bad_lines_are_counted_skips(tmp_path, embedded_target, smollm2_records):
     no_assistant = copy.deepcopy(smollm2_records[0])
     no_assistant.update(id="b1", messages=no_assistant["messages"][:1], turns=[])
-    error_rec = dict(copy.deepcopy(smollm2_records[0]), id="b2", status="error",
+    error_rec = dict(copy.deepcopy(smollm2_records[0]), id="b2", status="error", turns=[],
                      error={"reason": "context_length", "message": "too long", "turn": 0})
+    error_rec["messages"] = error_rec["messages"][:1]  # as the generator writes it: the unanswered user turn last
     lines = [*smollm2_records, "{not json", json.dumps({"schema": "other/9", "id": "x"}), json.dumps(no_assistant),
              json.dumps(error_rec), json.dumps(smollm2_records[0])]
     write_records(tmp_path / "records", lines)

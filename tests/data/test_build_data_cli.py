@@ -41,6 +41,31 @@ def test_build_check_and_rebuild_vocab(run_env, smollm2_records):
 
 
 @pytest.mark.e2e
+def test_live_two_turn_record_checks_prompt_ids(vllm_server, run_env, embedded_target):
+    """Fresh greedy answers from the real vLLM CPU server (two turns), with generated and prompt token ids as
+    served, validate token-exactly on both sides."""
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a fruit."}]
+    turns = []
+    for follow_up in ("Name another one.", None):
+        body = {"model": SMOL, "messages": messages, "max_tokens": 16, "temperature": 0.0, "return_token_ids": True}
+        t = time.monotonic()
+        r = httpx.post(f"{vllm_server}/v1/chat/completions", json=body, timeout=300).json()
+        c = r["choices"][0]
+        messages = messages + [{"role": "assistant", "content": c["message"]["content"], "reasoning": None}]
+        turns.append({"finish_reason": c["finish_reason"], "usage": r["usage"], "token_ids": c["token_ids"],
+                      "prompt_token_ids": r["prompt_token_ids"], "reasoning_field": None,
+                      "latency_s": time.monotonic() - t})
+        if follow_up:
+            messages.append({"role": "user", "content": follow_up})
+    rec = {"schema": "draftsmith.record/1", "id": "live", "status": "ok", "error": None, "model": r["model"],
+           "messages": messages, "turns": turns, "sampling": {}, "job_id": "live", "created_at": "now"}
+    write_records(run_env / "records", [rec])
+    res = CliRunner().invoke(app, ["build-data", "--run", "r1", "--check"])
+    assert res.exit_code == 0, res.output
+    assert "check ok: 2 turns token-exact" in res.output and "prompts as served 2/2" in res.output
+
+
+@pytest.mark.e2e
 def test_live_server_record_is_token_exact(vllm_server, run_env, embedded_target):
     """One fresh greedy answer from the real vLLM CPU server, with its token ids, validates token-exactly."""
     messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a fruit."}]

@@ -102,6 +102,54 @@ def test_nan_features_are_skipped_and_counted(run_factory):
     assert tr.nan_features >= 1
 
 
+class _StoredWithOneNaN:
+    """Extractor stand-in: the real target features the reference run already stored (computed by the real
+    SmolLM2), re-served per sample, with one NaN put into sample ``bad`` (what a broken kernel or an fp16 overflow
+    gives; a real NaN cannot be provoked on this CPU target). Saves a second forward pass over the shard."""
+
+    def __init__(self, stored, bad: int) -> None:
+        self.stored, self.bad = stored, bad
+
+    def extract(self, seqs):
+        from draftsmith.features.hf import SampleFeatures
+
+        out = []
+        for k, (a, f) in enumerate(self.stored):
+            a, f = a.float().clone(), f.float().clone()  # [T, 3H], [T, H]
+            if k == self.bad:
+                f[2, 5] = float("nan")
+            out.append(SampleFeatures(a, f))
+        assert [x.aux.shape[0] for x in out] == [len(q) for q in seqs]
+        return out
+
+
+def test_a_sample_skipped_by_extraction_is_left_out_and_counted(run_factory):
+    """Issue 12 §4: extraction skips and records one NaN sample; training used to refuse the whole run
+    ("has no features ... re-run extract") while extract had nothing left to do."""
+    from draftsmith.drafter.data import OfflineFeatures
+    from draftsmith.features.jobs import extract_shard
+    from draftsmith.features.plan import make_plan
+
+    s = run_factory("skipped", ttt_steps=2, max_steps=2, eval_every=100, eval_fraction=0.0)
+    root = s.runs_dir / "skipped"
+    ref = OfflineFeatures(root / "features")
+    stored = ref.get(json.loads((root / "data" / "manifest.json").read_text())["shards"][0]["sample_ids"])
+    shutil.rmtree(root / "features")
+    plan = make_plan(s, root)
+    res = extract_shard(plan, 0, _StoredWithOneNaN(stored, bad=3))  # the real extraction code path from here
+    bad = plan.shards[0]["sample_ids"][3]
+    assert res["skipped"] == 1 and res["samples"] == len(plan.shards[0]["sample_ids"]) - 1
+    assert extract_shard(plan, 0, None)["status"] == "skipped_existing"  # re-running extract: nothing to do
+    tr = Trainer(s)
+    assert tr.extract_skipped == 1 and bad not in tr.train_ids and len(tr.train_ids) == res["samples"]
+    result = tr.run()
+    assert result["step"] == 2 and result["extract_skipped_samples"] == 1 and result["nan_feature_samples"] == 0
+    status = json.loads((tr.paths.status / "train.json").read_text())
+    assert status["extract_skipped_samples"] == 1
+    with pytest.raises(DataError, match="skipped by extraction"):
+        tr.features.get([bad])
+
+
 def test_bad_inputs_fail_before_anything_is_written(run_factory, tmp_path):
     s = run_factory("bad", ttt_steps=2, max_steps=2)
     root = s.runs_dir / "bad"

@@ -19,6 +19,19 @@ def test_context_length_400s_are_permanent():
         assert err.reason == "context_length" and not err.transient
 
 
+def test_sglang_input_too_long_is_context_length():
+    """SGLang's own words (its ErrorResponse layout; SGLang cannot run here, see fixtures/generation/README.md)."""
+    err = classify_status(400, (FIX / "sglang_400_input_too_long.json").read_text())
+    assert err.reason == "context_length" and not err.transient and err.status == 400
+
+
+def test_a_refused_key_is_auth_and_keeps_the_prompt_pending():
+    """vLLM's API-key middleware answers 401 {"error": "Unauthorized"}: never a permanent error record."""
+    err = classify_status(401, '{"error": "Unauthorized"}')
+    assert err.reason == "auth" and err.transient and "check the key" in err.message and "HTTP 401" in err.message
+    assert classify_status(403, "forbidden").reason == "auth"
+
+
 def test_other_statuses():
     assert classify_status(404, (FIX / "vllm_404_model.json").read_text()).reason == "http_4xx"
     assert classify_status(400, '{"error": {"message": "bad temperature"}}').reason == "http_4xx"
@@ -34,6 +47,7 @@ def test_parse_real_response_reads_token_ids_and_usage():
     assert r.finish_reason == "stop"
     assert len(r.token_ids) == r.usage["completion_tokens"] == 8
     assert r.token_ids[-1] == 2  # <|im_end|>: the end-of-turn token is generated and reported
+    assert r.prompt_token_ids == body["prompt_token_ids"] and len(r.prompt_token_ids) == r.usage["prompt_tokens"]
     assert r.reasoning is None and r.reasoning_field is None
 
 

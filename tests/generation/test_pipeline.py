@@ -102,6 +102,7 @@ def test_end_to_end_eight_prompts(tmp_path, redis_url, vllm_server):
         assert r["messages"][1]["content"].strip()
         t = r["turns"][0]
         assert len(t["token_ids"]) == t["usage"]["completion_tokens"] <= 64
+        assert len(t["prompt_token_ids"]) == t["usage"]["prompt_tokens"]  # the prompt as the server saw it
         assert t["finish_reason"] in ("stop", "length")
         assert r["sampling"] == {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "seed": 0}
     snap = snapshot(redis.Redis.from_url(redis_url), "dstest", Path(s.runs_dir) / "t")

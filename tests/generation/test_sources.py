@@ -43,6 +43,77 @@ def test_bad_rows_have_reasons(row, reason):
     assert e.value.reason == reason
 
 
+U = {"role": "user", "content": "What is the weather in Paris?"}
+
+
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        # OpenAI tool use: assistant tool_calls with content null, a tool result, then a follow-up user turn
+        ({"messages": [{"role": "system", "content": "Use tools."}, U,
+                       {"role": "assistant", "content": None,
+                        "tool_calls": [{"id": "c1", "type": "function",
+                                        "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                       {"role": "tool", "tool_call_id": "c1", "content": "18 C, cloudy"},
+                       {"role": "assistant", "content": "It is 18 C."},
+                       {"role": "user", "content": "And tomorrow?"}]},
+         [{"role": "system", "content": "Use tools."}, U, {"role": "user", "content": "And tomorrow?"}]),
+        # content as a list of text parts; the developer role is the system prompt
+        ({"messages": [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+                       {"role": "user", "content": [{"type": "text", "text": "Part one."},
+                                                    {"type": "text", "text": "Part two."}]}]},
+         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Part one.\nPart two."}]),
+        # ShareGPT conversations stored as a JSON string, with a function call and an observation
+        ({"conversations": json.dumps([{"from": "human", "value": "Hi"}, {"from": "function_call", "value": "{}"},
+                                       {"from": "observation", "value": "{}"}, {"from": "gpt", "value": "Hello"},
+                                       {"from": "human", "value": "Bye"}])},
+         [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Bye"}]),
+    ],
+)
+def test_tool_use_and_part_lists_keep_their_user_turns(row, expected):
+    assert row_to_messages(row) == expected
+
+
+@pytest.mark.parametrize(
+    "row, reason",
+    [({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is in it?"},
+                                                 {"type": "image_url", "image_url": {"url": "x.png"}}]}]},
+      "non_text_content"),
+     ({"conversations": "[{\"from\": \"human\""}, "bad_turns"),
+     ({"messages": [{"role": "user", "content": None}]}, "bad_turns")],
+)
+def test_unusable_message_rows_have_reasons(row, reason):
+    with pytest.raises(RowError) as e:
+        row_to_messages(row)
+    assert e.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+     "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+     "[INST] Hi [/INST]",
+     "<｜User｜>Hi<｜Assistant｜>",
+     "<|start|>user<|message|>Hi<|end|>",
+     "<start_of_turn>user\nHi<end_of_turn>"],
+)
+def test_prompts_with_template_markup_are_refused(text):
+    for row in ({"prompt": text}, {"messages": [{"role": "user", "content": text}]}):
+        with pytest.raises(RowError) as e:
+            row_to_messages(row)
+        assert e.value.reason == "template_markup"
+
+
+def test_markup_rows_are_counted_and_plain_mentions_kept(tmp_path):
+    src = tmp_path / "p.jsonl"
+    rows = [{"prompt": "<|im_start|>user\nHi<|im_end|>"}, {"prompt": "Explain what [INST] means in Llama-2 prompts."},
+            {"prompt": "Write an <s> tag example."}, {"prompt": "What does the im_start token do?"}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = extract_prompts(str(src))
+    assert res.skipped == {"template_markup": 2}
+    assert [p.messages[0]["content"] for p in res.prompts] == [rows[2]["prompt"], rows[3]["prompt"]]
+
+
 def test_stable_ids_ignore_surrounding_whitespace_but_not_content():
     a = prompt_id([{"role": "user", "content": "Hello"}])
     assert a == prompt_id([{"role": "user", "content": "  Hello\n"}])

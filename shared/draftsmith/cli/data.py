@@ -42,7 +42,8 @@ def build_data_cmd(
     st = res.stats
     if check:
         typer.echo(f"check ok: {st['turns_checked']} turns token-exact of {st['records']} records "
-                   f"(mismatched {st['turns_mismatched']}, dropped {st['dropped']} {st['dropped_by_reason']})")
+                   f"(mismatched {st['turns_mismatched']}, dropped {st['dropped']} {st['dropped_by_reason']}); "
+                   f"prompts as served {st['prompts_checked'] - st['prompts_mismatched']}/{st['prompts_checked']}")
         return
     paths.ensure()
     from draftsmith.paths import atomic_write_text
@@ -53,7 +54,9 @@ def build_data_cmd(
     typer.echo(
         f"samples {st['samples']}  tokens {st['tokens']}  supervised {st['supervised_tokens']}  "
         f"dropped {st['dropped']} {st['dropped_by_reason']}  truncated {st['truncations']}  "
-        f"token-exact {st['turns_checked'] - st['turns_mismatched']}/{st['turns_checked']}"
+        f"token-exact {st['turns_checked'] - st['turns_mismatched']}/{st['turns_checked']}  "
+        f"prompts as served {st['prompts_checked'] - st['prompts_mismatched']}/{st['prompts_checked']}"
+        + (f"  turns left out {st['dropped_turns_by_reason']}" if st["dropped_turns_by_reason"] else "")
     )
     if vocab:
         typer.echo(f"draft vocabulary N={vocab['size']}: coverage {100 * vocab['coverage']:.2f}%  -> {paths.data}")

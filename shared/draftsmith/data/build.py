@@ -151,22 +151,36 @@ def build_data(
             old.unlink(missing_ok=True)
     writer = _ShardWriter(out_dir, cfg.shard_samples, not check_only)
     dropped: Counter[str] = Counter()
+    dropped_turns: Counter[str] = Counter()  # turns left out of records that still gave samples
     flags: Counter[str] = Counter()
     mismatches: list[Mismatch] = []
-    n = {"records": 0, "turns_checked": 0, "turns_mismatched": 0, "truncations": 0, "tokens": 0, "supervised": 0}
+    n = {"records": 0, "turns_checked": 0, "turns_mismatched": 0, "truncations": 0, "tokens": 0, "supervised": 0,
+         "prompts_checked": 0, "prompts_mismatched": 0}
     lengths: list[int] = []
 
     def emit(rec: dict[str, Any], samples: list[Sample]) -> None:
         bad = [mm for s in samples for mm in validate_sample(s, tok)]
         n["turns_checked"] += sum(sp.expected is not None for s in samples for sp in s.spans)
-        n["turns_mismatched"] += len(bad)
+        n["prompts_checked"] += sum(t.get("prompt_token_ids") is not None for t in rec["turns"])
+        n["turns_mismatched"] += sum(mm.side != "prompt" for mm in bad)
         if bad:
             for mm in bad:
                 log.warning("token mismatch: %s", mm.describe())
             mismatches.extend(bad[: max(0, MAX_REPORTED_MISMATCHES - len(mismatches))])
-            dropped["token_mismatch"] += 1
+            prompt_side = any(mm.side == "prompt" for mm in bad)
+            n["prompts_mismatched"] += sum(mm.side == "prompt" for mm in bad)
+            dropped["prompt_mismatch" if prompt_side else "token_mismatch"] += 1
             return
-        for f in {f for s in samples for f in s.flags}:
+        if not samples:
+            reasons = rec.get("_dropped_turns") or ["no_supervised_tokens"]
+            dropped[reasons[0]] += 1
+            return
+        for reason in rec.get("_dropped_turns", []):
+            dropped_turns[reason] += 1
+        if rec.get("_partial"):
+            dropped_turns[f"record_error:{rec['_partial']}"] += 1
+            flags["partial_record"] += 1
+        for f in {f for s in samples for f in s.flags} | set(rec.get("_flags", [])):
             flags[f] += 1
         if cfg.require_reasoning and any("empty_reasoning" in s.flags for s in samples):
             dropped["empty_reasoning"] += 1
@@ -233,7 +247,8 @@ def build_data(
     writer.flush(vsize)
 
     n_dropped = sum(dropped.values())
-    mismatch_rate = n["turns_mismatched"] / n["turns_checked"] if n["turns_checked"] else 0.0
+    checked = n["turns_checked"] + n["prompts_checked"]  # generated spans and prompts compared with the server's
+    mismatch_rate = (n["turns_mismatched"] + n["prompts_mismatched"]) / checked if checked else 0.0
     drop_rate = n_dropped / n["records"] if n["records"] else 0.0
     stats: dict[str, Any] = {
         "schema": "draftsmith.data-stats/1",
@@ -243,11 +258,14 @@ def build_data(
         "supervised_tokens": n["supervised"],
         "dropped": n_dropped,
         "dropped_by_reason": dict(sorted(dropped.items())),
+        "dropped_turns_by_reason": dict(sorted(dropped_turns.items())),
         "drop_rate": round(drop_rate, 6),
         "truncations": n["truncations"],
         "flagged": dict(sorted(flags.items())),
         "turns_checked": n["turns_checked"],
         "turns_mismatched": n["turns_mismatched"],
+        "prompts_checked": n["prompts_checked"],
+        "prompts_mismatched": n["prompts_mismatched"],
         "mismatch_rate": round(mismatch_rate, 6),
         "mismatches": [m.to_dict() for m in mismatches],
         "length_histogram": _histogram(lengths),
@@ -260,7 +278,10 @@ def build_data(
         failure = DataError(f"the record shards in {records_dir} hold no record", "check the generation run")
     elif mismatch_rate > cfg.max_mismatch_rate:
         failure = DataError(
-            f"{n['turns_mismatched']} of {n['turns_checked']} turns are not token-exact (rate {mismatch_rate:.4f} > "
+            f"{n['turns_mismatched']} of {n['turns_checked']} turns are not token-exact"
+            + (f", {n['prompts_mismatched']} of {n['prompts_checked']} prompts differ from the server's"
+               if n["prompts_checked"] else "")
+            + f" (rate {mismatch_rate:.4f} > "
             f"data.max_mismatch_rate {cfg.max_mismatch_rate}); first: {mismatches[0].describe()}",
             "render reasoning with the target's template (see docs/data.md) or fix the records",
         )

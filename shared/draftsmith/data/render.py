@@ -57,6 +57,8 @@ class TurnSpan:
     start: int
     end: int
     expected: list[int] | None = None
+    prompt: list[int] | None = None  # the rendered prompt ids P_k, when the server reported its own
+    prompt_expected: list[int] | None = None  # ``turns[turn].prompt_token_ids``: the prompt the server saw
 
 
 @dataclass
@@ -140,6 +142,8 @@ class ChatRenderer:
         self.tok = tok
         self.eot_ids = set(eot_ids)
         self.template_kwargs = dict(template_kwargs or {})
+        vocab = tok.get_vocab()
+        self._has_think = THINK_OPEN in vocab and THINK_CLOSE in vocab
         self.reasoning_mode = self._probe()
         log.info("chat template reasoning mode: %s; end-of-turn ids %s", self.reasoning_mode, sorted(self.eot_ids))
 
@@ -190,13 +194,51 @@ class ChatRenderer:
         return self.tok(texts, add_special_tokens=False)["input_ids"]
 
     # ---- one record --------------------------------------------------------------------------------------------
+    def split_inline_reasoning(self, rec: dict[str, Any]) -> int:
+        """Move reasoning that a server without a reasoning parser left in ``content`` into ``reasoning``.
+
+        Such a server returns the raw generation: ``<think>R</think>A`` (Qwen3, Kimi), or ``R</think>A`` when the
+        generation prompt opened the block itself (DeepSeek-R1/V3.1), or ``<think>R`` cut by ``max_tokens``. The
+        template then rendered the turn *with* thinking (the server's default), so the record is rendered the same
+        way: reasoning ``R`` and answer ``A``. Only for templates with a place for reasoning and a tokenizer that
+        has both think tokens; the record is changed in place.
+
+        Returns:
+            The number of assistant turns split.
+        """
+        if self.reasoning_mode == "none" or not self._has_think:
+            return 0
+        n = 0
+        for m in rec["messages"]:
+            c = m.get("content")
+            if m.get("role") != "assistant" or not isinstance(c, str) or m.get("reasoning") or m.get(
+                    "reasoning_content"):
+                continue
+            head = c.lstrip()
+            if THINK_CLOSE in c:
+                r, _, a = c.partition(THINK_CLOSE)
+                r = r.lstrip()
+                r = r[len(THINK_OPEN):] if r.startswith(THINK_OPEN) else r
+            elif head.startswith(THINK_OPEN):  # cut before </think>: all of it is reasoning
+                r, a = head[len(THINK_OPEN):], ""
+            else:
+                continue
+            m["reasoning"], m["content"] = r.strip("\n") or None, a.lstrip("\n")
+            n += 1
+        return n
+
     def texts(self, rec: dict[str, Any]) -> list[tuple[str, str]]:
         """``[(P_k, F_k[len(P_k):])]``: prompt text and turn text of every assistant turn k (see the module doc).
+
+        Reasoning left inline in the content is split out first (:meth:`split_inline_reasoning`; the record gets
+        ``_flags = ["inline_reasoning"]``).
 
         Raises:
             SampleSkip: ``template_drops_reasoning`` (a turn's reasoning is not in the rendering),
                 ``template_not_prefix_stable`` (``F_k`` does not start with ``P_k``) or ``template_error``.
         """
+        if self.split_inline_reasoning(rec):
+            rec["_flags"] = ["inline_reasoning"]
         msgs = rec["messages"]
         out = []
         for k, a in enumerate(i for i, m in enumerate(msgs) if m["role"] == "assistant"):
@@ -217,18 +259,46 @@ class ChatRenderer:
     def assemble(self, rec: dict[str, Any], ids: list[tuple[list[int], list[int]]]) -> list[Sample]:
         """Build the samples of a record from the token ids of its ``(prompt, turn)`` texts (see :meth:`texts`).
 
+        A turn cut inside its reasoning supervises exactly its generated ids and ends its sample; without ids it is
+        left out, listed in ``rec["_dropped_turns"]`` (``truncated_reasoning``). Where the server reported
+        ``prompt_token_ids``, the prompt of the same text takes those ids, and a prompt of another text is kept
+        on the span for :func:`draftsmith.data.validate.validate_sample` to report.
+
         Returns:
             One sample per run of prefix-consistent turns (usually one per record).
         """
         samples: list[Sample] = []
         cur: Sample | None = None
+        dropped_turns = rec["_dropped_turns"] = []
+        assistants = [m for m in rec["messages"] if m["role"] == "assistant"]
         for k, (p, tail) in enumerate(ids):                     # p: [n_prompt], tail: [n_turn] incl. template tail
             turn = rec["turns"][k]
-            eots = [j for j, t in enumerate(tail) if t in self.eot_ids]
-            end = eots[-1] + 1 if eots else len(tail)           # generated span: tail[:end]
-            if turn.get("finish_reason") == "length" and eots:
-                end -= 1                                        # the end-of-turn token was never generated
             expected = turn.get("token_ids")
+            flags: list[str] = []
+            p_exp = turn.get("prompt_token_ids")
+            p_rendered = None
+            if p_exp is not None and list(p_exp) != p:
+                p_rendered = p
+                if self.same_text(p, p_exp, {}):
+                    p, p_rendered = list(p_exp), None           # same prompt text, the server's own ids
+                    flags.append("prompt_retokenized")
+            cut = self.cut_reasoning(turn, assistants[k])
+            if cut and expected is None:
+                # cut by max_tokens inside the reasoning: the template closes a block the target never closed, and
+                # without the server's ids what was generated is unknown: the turn is not supervised
+                dropped_turns.append("truncated_reasoning")
+                if cur is not None:
+                    samples.append(cur)
+                cur = None
+                continue
+            if cut and self.is_prefix(expected, tail):
+                tail, end = list(expected), len(expected)      # exactly what was generated, nothing after it
+                flags.append("cut_reasoning")
+            else:  # (a cut turn whose text differs from its ids stays a mismatch for validation to report)
+                eots = [j for j, t in enumerate(tail) if t in self.eot_ids]
+                end = eots[-1] + 1 if eots else len(tail)       # generated span: tail[:end]
+                if turn.get("finish_reason") == "length" and eots:
+                    end -= 1                                    # the end-of-turn token was never generated
             retokenized = False
             if expected is not None and tail[:end] != list(expected) and self.same_text(tail[:end], expected, turn):
                 # The target generated a non-canonical tokenization of the very same text (BPE merges differ
@@ -245,17 +315,32 @@ class ChatRenderer:
             start = len(p)
             cur.input_ids += new_ctx + tail
             cur.loss_mask += [0] * len(new_ctx) + [1] * end + [0] * (len(tail) - end)
-            cur.spans.append(TurnSpan(k, start, start + end, turn.get("token_ids")))
-            if retokenized:
-                cur.flags.append("retokenized")
-            msg_r = [m for m in rec["messages"] if m["role"] == "assistant"][k]
+            cur.spans.append(TurnSpan(k, start, start + end, turn.get("token_ids"),
+                                      p_rendered, None if p_rendered is None else list(p_exp)))
+            cur.flags += flags + (["retokenized"] if retokenized else [])
+            msg_r = assistants[k]
             if (turn.get("reasoning_field") or self.reasoning_mode != "none") and not (
                 msg_r.get("reasoning") or msg_r.get("reasoning_content")
             ):
                 cur.flags.append("empty_reasoning")
+            if "cut_reasoning" in flags:                        # nothing the target saw follows a cut turn
+                samples.append(cur)
+                cur = None
         if cur is not None:
             samples.append(cur)
         return samples
+
+    def cut_reasoning(self, turn: dict[str, Any], msg: dict[str, Any]) -> bool:
+        """True for a turn cut by ``max_tokens`` inside its reasoning: ``finish_reason == "length"``, reasoning but
+        no answer (the reasoning parser found no end of the block)."""
+        return (turn.get("finish_reason") == "length" and not (msg.get("content") or "").strip()
+                and bool(msg.get("reasoning") or msg.get("reasoning_content")) and self.reasoning_mode != "none")
+
+    def is_prefix(self, generated: list[int], tail: list[int]) -> bool:
+        """True when the rendered turn text starts with the generated text (whitespace and a cut character at
+        its end aside): the record's reasoning is the one these ids produced, before the template closed it."""
+        g = self.tok.decode(list(generated), skip_special_tokens=False).rstrip().rstrip("\ufffd")
+        return self.tok.decode(tail, skip_special_tokens=False).startswith(g)
 
     def same_text(self, rendered: list[int], generated: list[int], turn: dict[str, Any]) -> bool:
         """True when two id sequences decode to the same text (special tokens kept); at a length stop a trailing

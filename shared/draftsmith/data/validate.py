@@ -34,6 +34,7 @@ class Mismatch:
     generated: str
     rendered_len: int
     generated_len: int
+    side: str = "generated"  # "generated": the turn's ids; "prompt": the prompt ids the server reported
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,7 +42,7 @@ class Mismatch:
     def describe(self) -> str:
         """One log line: where the spans part and both decoded strings."""
         return (
-            f"record {self.record_id} turn {self.turn}: first difference at generated token {self.position} "
+            f"record {self.record_id} turn {self.turn}: first difference at {self.side} token {self.position} "
             f"(rendered {self.rendered_len} tokens, server {self.generated_len}): rendered {self.rendered!r} "
             f"vs server {self.generated!r}"
         )
@@ -57,7 +58,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def validate_sample(sample: Sample, tok) -> list[Mismatch]:
-    """Compare each span of ``sample`` with the server's ids of that turn (turns without ids are not checked).
+    """Compare each span of ``sample`` with the server's ids of that turn (turns without ids are not checked), and
+    the rendered prompt with the server's ``prompt_token_ids`` where they differed (a different prompt text).
 
     Args:
         sample: a rendered sample; ``sample.spans[i].expected`` holds the server ids.
@@ -68,6 +70,13 @@ def validate_sample(sample: Sample, tok) -> list[Mismatch]:
     """
     out = []
     for span in sample.spans:
+        if span.prompt is not None and span.prompt_expected is not None:
+            pos = first_difference(span.prompt, span.prompt_expected)
+            if pos is not None:
+                out.append(Mismatch(sample.record_id, span.turn, pos,
+                                    tok.decode(span.prompt[pos : pos + CONTEXT_TOKENS]),
+                                    tok.decode(span.prompt_expected[pos : pos + CONTEXT_TOKENS]),
+                                    len(span.prompt), len(span.prompt_expected), "prompt"))
         if span.expected is None:
             continue
         got = sample.input_ids[span.start : span.end]  # [n_generated]

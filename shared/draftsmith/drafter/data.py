@@ -29,6 +29,7 @@ class FeatureSource(Protocol):
     hidden_size: int
     layer_ids: list[int]
     target_model: str
+    skipped: dict[str, str]  # sample id -> reason, for samples the extraction left out (e.g. ``nonfinite``)
 
     def get(self, sample_ids: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``[(aux_hidden [T, 3*H], final_hidden [T, H]), ...]`` in the order of ``sample_ids``.
@@ -109,15 +110,21 @@ class OfflineFeatures:
         self.layer_ids = [int(i) for i in self.manifest["layer_ids"]]
         self.target_model = str(self.manifest.get("target_model", ""))
         self.index: dict[str, tuple[Path, int]] = {}
+        self.skipped: dict[str, str] = {}  # left out by extraction and recorded in the manifest: not missing
         for shard in self.manifest.get("shards", []):
             for i, sid in enumerate(shard["sample_ids"]):
                 self.index[sid] = (self.dir / shard["file"], i)
+            for e in shard.get("skipped") or []:
+                self.skipped[str(e["id"])] = str(e.get("reason", "unknown"))
 
     def get(self, sample_ids: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         from safetensors import safe_open
 
         out = []
         for sid in sample_ids:
+            if sid in self.skipped:
+                raise DataError(f"sample {sid} was skipped by extraction ({self.skipped[sid]})",
+                                "leave it out of training (the trainer does so and counts it)")
             if sid not in self.index:
                 raise DataError(f"sample {sid} has no features in {self.dir}", "re-run `draftsmith extract`")
             path, i = self.index[sid]
@@ -201,6 +208,7 @@ class StreamedFeatures:
         self.hidden_size = int(self.stream.plan.hidden_size)
         self.layer_ids = [int(i) for i in self.stream.plan.layer_ids]
         self.target_model = str(self.stream.plan.target_model)
+        self.skipped: dict[str, str] = {}  # the stream reports non-finite samples as NaN tensors instead
 
     def get(self, sample_ids: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         seqs = [self.samples.samples[i].input_ids for i in sample_ids]

@@ -181,7 +181,7 @@ class Trainer:
             self._resume_weights(ckpt)  # before sharding: the file holds whole tensors
         self.model.to(self.dist.device)
         self.lm_head = self.lm_head.to(self.dist.device)
-        self.train_ids, self.held_ids = self.samples.split(self.tc.eval_fraction)
+        self.train_ids, self.held_ids, self.extract_skipped = self._usable_split()
         self.lengths = {i: self.samples.samples[i].input_ids.numel() for i in self.train_ids}
         self.objective = TTTObjective(self.model, self.tc.ttt_steps, self.tc.loss_decay,
                                       self.tc.loss_rows == "all", self.tc.feature_noise)
@@ -211,6 +211,26 @@ class Trainer:
             load_optimizer_state(ckpt, self.model, self.opt, self.sched)
             log.info("resumed from %s: step %d, epoch %d, micro-batch %d", ckpt.name, self.step, self.epoch,
                      self.position)
+
+    def _usable_split(self) -> tuple[list[str], list[str], int]:
+        """Train / held-out ids without the samples extraction left out (recorded in the features manifest, e.g.
+        NaN hidden states), and how many those are: a skip in extraction is honoured here, not refused.
+
+        Raises:
+            DataError: extraction left out every training sample.
+        """
+        train, held = self.samples.split(self.tc.eval_fraction)
+        skipped = dict(getattr(self.features, "skipped", None) or {})
+        gone = [i for i in train + held if i in skipped]
+        if gone:
+            log.warning("leaving out %d sample(s) that extraction skipped (%s)", len(gone),
+                        ", ".join(sorted({skipped[i] for i in gone})))
+            train = [i for i in train if i not in skipped]
+            held = [i for i in held if i not in skipped]
+        if not train:
+            raise DataError(f"extraction skipped all {len(gone)} training samples (see features/manifest.json)",
+                            "check the target and extract.dtype, then re-extract")
+        return train, held, len(gone)
 
     def _feature_source(self) -> FeatureSource:
         if self.tc.features == "stream":
@@ -365,6 +385,7 @@ class Trainer:
                     "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,
                                                           "accept_len": held.acceptance_length},
                     "nan_feature_samples": self.nan_features,
+                    "extract_skipped_samples": self.extract_skipped,
                     "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             atomic_write_text(self.paths.status / "train.json", json.dumps(snap, indent=2))
 
@@ -440,7 +461,8 @@ class Trainer:
             log.info("held-out: loss %s acc %s accept_len %.3f", "/".join(f"{x:.3f}" for x in held.losses),
                      "/".join(f"{x:.3f}" for x in held.accs), held.acceptance_length)
         self._save()
-        return {"step": self.step, "epoch": self.epoch,
+        return {"step": self.step, "epoch": self.epoch, "extract_skipped_samples": self.extract_skipped,
+                "nan_feature_samples": self.nan_features,
                 "train": {"loss": last_train.losses, "acc": last_train.accs,
                           "accept_len": last_train.acceptance_length if last_train.loss_sum else None},
                 "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,

@@ -22,10 +22,13 @@ from draftsmith.log import get_logger
 
 log = get_logger(__name__)
 
-TRANSIENT = {"connection", "timeout", "http_5xx", "http_429", "invalid_response"}
+# "auth" (401/403) is not answered by a retry, but it must not become a permanent error record either: the prompt
+# stays pending until the key is fixed (a permanent error record would mark it done for good).
+TRANSIENT = {"connection", "timeout", "http_5xx", "http_429", "invalid_response", "auth"}
 _CONTEXT_MARKERS = (
     "maximum context length", "context length", "max_model_len", "maximum model length", "too long",
     "exceeds the model", "max_tokens", "is longer than",
+    "exceeds the maximum allowed length",  # SGLang: "Input length (N tokens) exceeds the maximum allowed length (M tokens)"
 )
 
 
@@ -48,6 +51,9 @@ def classify_status(status: int, body: str) -> ChatError:
     text = body[:500]
     if status == 429:
         return ChatError("http_429", text, status)
+    if status in (401, 403):
+        return ChatError("auth", f"HTTP {status}: the server refused the API key, check the key "
+                                 f"(DRAFTSMITH_TARGET__API_KEY): {text[:200]}", status)
     if status >= 500:
         return ChatError("http_5xx", text, status)
     if status == 400 and any(m in body.lower() for m in _CONTEXT_MARKERS):
@@ -74,6 +80,7 @@ class ChatResult:
     token_ids: list[int] | None
     model: str
     latency_s: float
+    prompt_token_ids: list[int] | None = None  # the prompt as the server tokenized it (vLLM ``return_token_ids``)
 
 
 def parse_chat_response(body: dict[str, Any], latency_s: float) -> ChatResult:
@@ -102,6 +109,7 @@ def parse_chat_response(body: dict[str, Any], latency_s: float) -> ChatResult:
         token_ids=choice.get("token_ids"),
         model=body.get("model", ""),
         latency_s=latency_s,
+        prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
     )
 
 

@@ -91,6 +91,7 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: InflightCap, 
         record["model"] = res.model or client.model
         messages.append({"role": "assistant", "content": res.content, "reasoning": res.reasoning})
         turns.append({"finish_reason": res.finish_reason, "usage": res.usage, "token_ids": res.token_ids,
+                      "prompt_token_ids": res.prompt_token_ids,
                       "reasoning_field": res.reasoning_field, "latency_s": round(res.latency_s, 4)})
     record.update(messages=messages, turns=turns, sampling=sampling)
     return record

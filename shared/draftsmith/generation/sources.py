@@ -3,12 +3,18 @@
 Accepted row shapes (first match wins): EAGLE / MT-bench ``turns`` (list of user turns), OpenAI ``messages``,
 ShareGPT ``conversations`` (``from``/``value``), ``question``, ``instruction`` (+ ``input``, or the first of
 Self-Instruct's ``instances[].input``), ``prompt``. Assistant turns in a row are dropped: the target regenerates them.
+So are ``tool`` / ``function`` turns and assistant ``tool_calls`` (their ``content`` may be null); OpenAI content
+given as a list of parts keeps its text parts (a user turn with an image or audio part is refused as
+``non_text_content``: its text alone is not the prompt); ShareGPT ``conversations`` stored as a JSON string are
+parsed. A turn whose text already holds chat-template markup (``<|im_start|>``, ``<|start_header_id|>``, ``[INST]``,
+...) is refused as ``template_markup``: the server would wrap it in the template a second time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +28,8 @@ log = get_logger(__name__)
 
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                    "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
-                   "system": "system"}
+                   "system": "system", "tool": "tool", "function": "tool", "observation": "tool",
+                   "function_call": "assistant"}
 
 
 @dataclass
@@ -55,6 +62,44 @@ def prompt_id(messages: list[dict[str, str]]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
+# Control tokens of the chat templates in use (ChatML/Qwen, Llama-3, Llama-2/Mistral, DeepSeek, Kimi, gpt-oss
+# harmony, Gemma, Phi-3/Zephyr). Text holding one of them was rendered with a template already.
+TEMPLATE_MARKUP = re.compile(
+    r"<\|im_start\|>|<\|im_end\|>|<\|start_header_id\|>|<\|end_header_id\|>|<\|eot_id\|>|<\|begin_of_text\|>"
+    r"|\[INST\]|\[/INST\]|<<SYS>>|<｜User｜>|<｜Assistant｜>|<\|im_user\|>|<\|im_assistant\|>|<\|im_middle\|>"
+    r"|<\|start\|>(?:system|user|assistant|developer)|<\|channel\|>|<start_of_turn>|<end_of_turn>"
+    r"|<\|(?:user|assistant|system)\|>\s*\n"
+)
+_DROPPED_ROLES = {"assistant", "tool", "function", "ipython"}
+
+
+def template_markup(text: str) -> str | None:
+    """The first chat-template control token found in ``text`` (e.g. ``<|im_start|>``), or None."""
+    m = TEMPLATE_MARKUP.search(text)
+    return m.group(0).strip() if m else None
+
+
+def _content_text(content: Any) -> str | None:
+    """The text of an OpenAI message ``content``: a string, or the joined ``text`` parts of a list of parts.
+
+    Returns None when the content is not text (null, a number) and raises :class:`RowError`
+    (``non_text_content``) when a list holds an image/audio/file part.
+    """
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                raise RowError("non_text_content")
+        return "\n".join(texts)
+    return None
+
+
 class RowError(ValueError):
     """A row that yields no prompt; ``reason`` is the counter key."""
 
@@ -67,7 +112,8 @@ def row_to_messages(row: Any, system_prompt: str | None = None) -> list[dict[str
     """Turn one source row into prompt messages (system and user turns, in order).
 
     Raises:
-        RowError: ``not_an_object``, ``unknown_shape``, ``bad_turns`` or ``empty_prompt``.
+        RowError: ``not_an_object``, ``unknown_shape``, ``bad_turns``, ``non_text_content``, ``template_markup`` or
+            ``empty_prompt``.
     """
     if not isinstance(row, dict):
         raise RowError("not_an_object")
@@ -79,6 +125,11 @@ def row_to_messages(row: Any, system_prompt: str | None = None) -> list[dict[str
         msgs = [{"role": "user", "content": t} for t in turns]
     elif "messages" in row or "conversations" in row:
         raw = row.get("messages", row.get("conversations"))
+        if isinstance(raw, str):  # ShareGPT dumps that store the conversation as a JSON string
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError:
+                raise RowError("bad_turns") from None
         if not isinstance(raw, list):
             raise RowError("bad_turns")
         msgs = []
@@ -89,10 +140,13 @@ def row_to_messages(row: Any, system_prompt: str | None = None) -> list[dict[str
                 role, content = m.get("role"), m.get("content")
             else:
                 role, content = _SHAREGPT_ROLES.get(str(m.get("from", "")).lower()), m.get("value")
-            if role not in ("system", "user", "assistant", "tool") or not isinstance(content, str):
+            role = "system" if role == "developer" else role
+            if role in _DROPPED_ROLES:
+                continue  # regenerated by the target (assistant) or not a prompt (tool results, tool_calls)
+            text = _content_text(content) if role in ("system", "user") else None
+            if text is None:
                 raise RowError("bad_turns")
-            if role in ("system", "user"):
-                msgs.append({"role": role, "content": content})
+            msgs.append({"role": role, "content": text})
     elif isinstance(row.get("question"), str):
         msgs = [{"role": "user", "content": row["question"]}]
     elif isinstance(row.get("instruction"), str):
@@ -110,6 +164,8 @@ def row_to_messages(row: Any, system_prompt: str | None = None) -> list[dict[str
         raise RowError("unknown_shape")
     msgs = [{"role": m["role"], "content": m["content"].strip()} for m in msgs]
     msgs = [m for m in msgs if m["content"]]
+    if any(template_markup(m["content"]) for m in msgs):
+        raise RowError("template_markup")
     if not any(m["role"] == "user" for m in msgs):
         raise RowError("empty_prompt")
     if system_prompt and msgs[0]["role"] != "system":

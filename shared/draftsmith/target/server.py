@@ -194,13 +194,20 @@ def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
     """Model names the server serves (``GET /v1/models``).
 
     Raises:
+        TargetAuthError: the server answers 401/403 (wrong or missing API key; the key itself is never printed).
         TargetUnavailable: nothing answers at ``url``.
     """
-    from draftsmith.errors import TargetUnavailable
+    from draftsmith.errors import TargetAuthError, TargetUnavailable
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=timeout_s, headers=headers)
+        if r.status_code in (401, 403):
+            given = "the API key given was refused" if api_key else "no API key was given"
+            raise TargetAuthError(
+                f"the target server at {url} answers HTTP {r.status_code} ({given})",
+                "check the key: set DRAFTSMITH_TARGET__API_KEY (target.api_key) to the key the server was started with",
+            )
         r.raise_for_status()
         return [m["id"] for m in r.json().get("data", [])]
     except (httpx.HTTPError, ValueError, KeyError) as e:
