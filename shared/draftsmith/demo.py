@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -147,11 +148,15 @@ class Demo:
         t = threading.Thread(target=pump, daemon=True)
         t.start()
         t0 = time.time()
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if time.time() - last[0] >= 10:
-                last[0] = time.time()
-                self.say(f"  ... {stage} running for {time.time() - t0:.0f} s{self.snapshot_hint(stage)}")
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                if time.time() - last[0] >= 10:
+                    last[0] = time.time()
+                    self.say(f"  ... {stage} running for {time.time() - t0:.0f} s{self.snapshot_hint(stage)}")
+        except BaseException:  # Ctrl-C / SIGTERM: the stage command stops its own servers on SIGTERM
+            stop_child(proc)
+            raise
         t.join(timeout=5)
         if proc.returncode != 0:
             raise DraftsmithError(f"stage {stage} failed: `draftsmith {' '.join(args)}` exited with {proc.returncode}",
@@ -228,7 +233,13 @@ class Demo:
 
     # ---- the whole job
     def run(self, fresh: bool = False) -> dict[str, Any]:
-        """Run every unfinished stage; returns the final state (stage durations) and prints the report."""
+        """Run every unfinished stage; returns the final state (stage durations) and prints the report.
+
+        SIGTERM/SIGHUP raise like Ctrl-C (:func:`draftsmith.signals.raise_on_sigterm`): the running stage command
+        and the target server are stopped, finished stages are kept."""
+        from draftsmith.signals import raise_on_sigterm
+
+        raise_on_sigterm()
         if fresh and self.paths.root.exists():
             self.say(f"FRESH: removing {self.paths.root}")
             shutil.rmtree(self.paths.root)
@@ -303,3 +314,16 @@ class Demo:
 
 def _f(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def stop_child(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM a stage command and wait up to ``grace_s`` (it stops its own vLLM server in that time), then
+    SIGKILL it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

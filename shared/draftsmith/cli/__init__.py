@@ -68,5 +68,8 @@ def main() -> None:
 
         Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {e}")
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as draftsmith.signals.Terminated
+        from draftsmith.signals import exit_code_of
+
+        print(f"stopped by {e.args[0] if e.args else 'SIGINT'}", file=sys.stderr)
+        sys.exit(exit_code_of(e))
