@@ -66,7 +66,10 @@ def main() -> None:
     except DraftsmithError as e:
         from rich.console import Console
 
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {e}")
+        from draftsmith.errors import Interrupted
+
+        label = "[bold yellow]stopped:[/]" if isinstance(e, Interrupted) else "[bold red]error:[/]"
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"{label} {e}")
         sys.exit(e.exit_code)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as draftsmith.signals.Terminated
         from draftsmith.signals import exit_code_of
