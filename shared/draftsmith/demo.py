@@ -111,11 +111,12 @@ class Demo:
         """The run's settings as every stage sees them (the demo config file)."""
         from draftsmith.config import load_settings
 
-        return load_settings(self.config_file)
+        return load_settings(self.config_file, {"redis": {"url": self.s.redis.url}})
 
     def write_config(self) -> None:
+        # the Redis URL (it may hold a password) reaches the stage commands through their environment, not the file
         cfg = {"runs_dir": str(Path(self.s.runs_dir).resolve()), "run": self.s.run,
-               "redis": self.s.redis.model_dump(mode="json"), **self.size.config}
+               "redis": {"prefix": self.s.redis.prefix}, **self.size.config}
         cfg["target"] = {"cache_dir": str(self.s.target.cache_dir), **self.size.config.get("target", {})}
         atomic_write_text(self.config_file, yaml.safe_dump(cfg, sort_keys=False))
 
@@ -123,6 +124,7 @@ class Demo:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
         env["DRAFTSMITH_CONFIG"] = str(self.config_file)
+        env["DRAFTSMITH_REDIS__URL"] = self.s.redis.url
         env["PYTHONUNBUFFERED"] = "1"
         if self.url:
             env["DRAFTSMITH_TARGET__URL"] = self.url
@@ -199,7 +201,7 @@ class Demo:
         from draftsmith.config import load_settings
         from draftsmith.generation.enqueue import enqueue
 
-        s = load_settings(self.config_file, {"target": {"url": self.url}})
+        s = load_settings(self.config_file, {"target": {"url": self.url}, "redis": {"url": self.s.redis.url}})
         for pool, n in self.size.pools.items():
             enqueue(s, str(REPO_DATA / "prompts" / pool), n, s.generation.batch_size,
                     say=lambda m: self.say(f"  {m}"))

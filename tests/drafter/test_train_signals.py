@@ -27,7 +27,8 @@ def test_signal_saves_a_checkpoint_and_the_next_run_resumes_from_it(sig, referen
     env = {**os.environ, "DRAFTSMITH_RUNS_DIR": str(runs), "DRAFTSMITH_TARGET__PATH": str(embedded_target),
            "DRAFTSMITH_DATA__DRAFT_VOCAB_SIZE": str(draft_vocab), "DRAFTSMITH_METRICS__PORT": "0",
            "DRAFTSMITH_TRAIN__BATCH_TOKENS": "640", "DRAFTSMITH_TRAIN__BATCH_SIZE": "4",
-           "DRAFTSMITH_TRAIN__LOG_EVERY": "1", "DRAFTSMITH_TRAIN__EVAL_EVERY": "1000"}
+           "DRAFTSMITH_TRAIN__LOG_EVERY": "1", "DRAFTSMITH_TRAIN__EVAL_EVERY": "1000",
+           "DRAFTSMITH_TARGET__API_KEY": "sk-live-4f9a8b7c6d5e3a2b"}  # must not reach state.json
     proc = subprocess.Popen([sys.executable, "-m", "draftsmith", "train", "--run", "sig", "--max-steps", "200",
                              "--ttt-steps", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err_lines = []
@@ -51,6 +52,8 @@ def test_signal_saves_a_checkpoint_and_the_next_run_resumes_from_it(sig, referen
     assert [c.name for c in ckpts] == [f"step-{step:08d}"]
     assert json.loads((runs / "sig" / "checkpoints" / "latest.json").read_text())["step"] == step
     assert read_state(ckpts[0])["position"] == step  # one micro-batch per step: the step is whole
+    state_text = (ckpts[0] / "state.json").read_text()
+    assert "sk-live-4f9a8b7c6d5e3a2b" not in state_text and read_state(ckpts[0])["config"]["target"]["api_key"]
     s = load_settings(None, {"runs_dir": str(runs), "run": "sig", "target": {"path": str(embedded_target)},
                              "train": {"draft_vocab_size": draft_vocab, "ttt_steps": 2, "max_steps": 200,
                                        "batch_size": 4, "batch_tokens": 640}})

@@ -45,13 +45,13 @@ def settings(**overrides: Any):
     Raises:
         ConfigError: see :func:`draftsmith.config.load_settings`.
     """
-    from draftsmith.config import load_settings
+    from draftsmith.config import load_settings, secrets_of
     from draftsmith.log import setup_logging
 
     if _STATE.get("log_level"):
         overrides = {**overrides, "log_level": _STATE["log_level"].upper()}
     s = load_settings(_STATE.get("config"), overrides)
-    setup_logging(s.log_level)
+    setup_logging(s.log_level, secrets_of(s))
     return s
 
 

@@ -216,10 +216,18 @@ class VLLMServer:
         self.stop()
 
 
+def auth_headers(api_key) -> dict[str, str]:
+    """``Authorization: Bearer`` for an API key given as ``SecretStr`` (``target.api_key``), a string, or None."""
+    from draftsmith.config import secret_value
+
+    key = secret_value(api_key)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def wait_ready(url: str, timeout_s: float = 0.0, api_key: str | None = None) -> bool:
     """True once ``GET {url}/v1/models`` answers 200; polls for up to ``timeout_s`` seconds."""
     deadline = time.time() + timeout_s
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     while True:
         try:
             if httpx.get(f"{url.rstrip('/')}/v1/models", timeout=2.0, headers=headers).status_code == 200:
@@ -239,7 +247,7 @@ def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
     """
     from draftsmith.errors import TargetUnavailable
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     try:
         r = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=timeout_s, headers=headers)
         r.raise_for_status()
