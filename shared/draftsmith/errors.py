@@ -72,3 +72,14 @@ class Interrupted(DraftsmithError):
         super().__init__(message, hint)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full disk or an exhausted quota: ``OSError`` ENOSPC/EDQUOT, or a library's wrapping of
+    it (safetensors' ``SafetensorError: ... IoError(Os { code: 28, kind: StorageFull ... })``)."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text

@@ -97,15 +97,26 @@ class RunPaths:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary name and ``os.replace``: readers never see half a file."""
+    """Write ``data`` to ``path`` through a temporary name and ``os.replace``: readers never see half a file.
+
+    The temporary file (``.<name>.tmp-<pid>``) is removed when the write fails (a full disk), so a failure leaves
+    nothing behind; ``path`` keeps its previous content.
+
+    Raises:
+        OSError: the write failed (ENOSPC on a full disk); nothing partial is visible.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -71,6 +71,15 @@ def main() -> None:
         label = "[bold yellow]stopped:[/]" if isinstance(e, Interrupted) else "[bold red]error:[/]"
         Console(stderr=True, highlight=False, soft_wrap=True).print(f"{label} {e}")
         sys.exit(e.exit_code)
+    except OSError as e:
+        from draftsmith.errors import is_disk_full
+
+        if not is_disk_full(e):
+            raise
+        where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"error: the disk is full{where} ({e.strerror or e}) -> free some space or point runs_dir at a bigger "
+              "disk, then run the command again: finished work is kept", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as draftsmith.signals.Terminated
         from draftsmith.signals import exit_code_of
 
