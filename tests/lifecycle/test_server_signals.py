@@ -76,8 +76,9 @@ def test_sigterm_handler_keeps_a_handler_someone_else_installed():
 
 @pytest.mark.slow
 def test_target_serve_sigterm_stops_real_vllm(embedded_target, tmp_path):
-    """`draftsmith target serve` under SIGTERM (`timeout`, `docker stop`) while vLLM starts: nothing is left and the
-    exit says why (143). About 20 s: the signal comes once vLLM's engine process exists, not after it answers."""
+    """`draftsmith target serve` under SIGTERM (`timeout`, `docker stop`) while vLLM starts: nothing is left, a
+    normal stop for this command (exit 0, like Ctrl-C). The signal comes once vLLM's engine process exists, not
+    after it answers (about 30 s instead of minutes)."""
     port = free_port()
     env = {**os.environ, "DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs"), "DRAFTSMITH_TARGET__KV_CACHE_GIB": "1",
            "DRAFTSMITH_TARGET__PATH": str(embedded_target)}
@@ -97,8 +98,8 @@ def test_target_serve_sigterm_stops_real_vllm(embedded_target, tmp_path):
     out, err = proc.communicate(timeout=120)
     try:
         assert _pgid_alive(pgid) == []
-        assert proc.returncode == 143, err[-2000:]
-        assert err.strip().splitlines()[-1] == "stopped by SIGTERM" and "Traceback" not in err
+        assert proc.returncode == 0, err[-2000:]
+        assert out.strip().splitlines()[-1] == "stopping vLLM (SIGTERM)..." and "Traceback" not in err
     finally:
         for pid in _pgid_alive(pgid):
             os.kill(pid, signal.SIGKILL)
