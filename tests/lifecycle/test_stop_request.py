@@ -20,8 +20,8 @@ with StopRequest() as stop:
         time.sleep(0.01); steps += 1
     print("STOP", signal.Signals(stop.signum).name, flush=True)
     if sys.argv[1] == "twice":
-        print("WAITING", flush=True)
         try:
+            print("WAITING", flush=True)  # inside the try: the second signal is sent once this is read
             time.sleep(60)
         except KeyboardInterrupt as e:
             print("AT ONCE", type(e).__name__, flush=True)
