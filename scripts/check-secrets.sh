@@ -24,16 +24,34 @@ if (( ${#missing[@]} )); then
   echo "error: required settings empty in $env_file: ${missing[*]} (see .env.example; secrets: openssl rand -hex 24)" >&2
   exit 2
 fi
+# weak: shorter than 12, a common word inside (any case), fewer than 6 different characters, or a short piece
+# repeated (passwordpassword, abcabcabcabc)
+common='password|passwd|passw0rd|changeme|change-me|admin|secret|redis|grafana|default|letmein|qwerty|welcome|123456|abc123|example|draftsmith'
+is_weak() {
+  local v="$1" lower="${1,,}" distinct unit
+  (( ${#v} >= 12 )) || return 0
+  [[ "$lower" =~ ($common) ]] && return 0
+  distinct="$(printf '%s' "$v" | fold -w1 | sort -u | wc -l)"
+  (( distinct >= 6 )) || return 0
+  for (( n = 1; n <= ${#v} / 2; n++ )); do
+    (( ${#v} % n == 0 )) || continue
+    unit="${v:0:n}"
+    local rep="" i
+    for (( i = 0; i < ${#v} / n; i++ )); do rep+="$unit"; done
+    [[ "$rep" == "$v" ]] && return 0
+  done
+  return 1
+}
 weak=()
 for name in "${secrets[@]}"; do
-  v="$(value_of "$name")"
-  case "${v,,}" in
-    changeme|change-me|password|admin|secret|redis|grafana|default) weak+=("$name") ;;
-  esac
-  (( ${#v} >= 12 )) || weak+=("$name")
+  is_weak "$(value_of "$name")" && weak+=("$name")
 done
 if (( ${#weak[@]} )); then
-  echo "error: weak secrets in $env_file: ${weak[*]} (use 12+ random characters: openssl rand -hex 24)" >&2
+  echo "error: weak secrets in $env_file: ${weak[*]} (use 12+ random characters, no words: openssl rand -hex 24)" >&2
+  exit 2
+fi
+if [[ "$(value_of REDIS_PASSWORD)" == "$(value_of GRAFANA_ADMIN_PASSWORD)" ]]; then
+  echo "error: REDIS_PASSWORD and GRAFANA_ADMIN_PASSWORD in $env_file are the same; give each its own (openssl rand -hex 24)" >&2
   exit 2
 fi
 # the password goes into redis://:<password>@redis URLs: keep it URL-safe

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from draftsmith.errors import ConfigError
@@ -25,11 +33,39 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+MASK = "**********"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user info masked (``redis://:****@host:6379/0``); other URLs unchanged."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(url)
+    except ValueError:
+        return url
+    if u.password is None:
+        return url
+    user = u.username or ""
+    host = u.netloc.rsplit("@", 1)[1]
+    return urlunsplit(u._replace(netloc=f"{user}:{MASK}@{host}"))
+
+
+def secret_value(value: SecretStr | str | None) -> str | None:
+    """The plain text of a secret field (``SecretStr``), a plain string, or None."""
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+
 class RedisConfig(Section):
     """Where the queue lives."""
 
-    url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (redis://[:password@]host:port/db).")
+    url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (redis://[:password@]host:port/db); "
+                     "its password is masked in every written config, manifest and checkpoint.")
     prefix: str = Field("draftsmith", description="Prefix of every Redis key and rq queue name of draftsmith.")
+
+    @field_serializer("url", when_used="json")
+    def _redact_url(self, url: str) -> str:
+        return redact_url(url)
 
 
 class TargetConfig(Section):
@@ -37,13 +73,18 @@ class TargetConfig(Section):
 
     url: str = Field("http://127.0.0.1:8000", description="Base URL of the target server (without /v1).")
     model: str | None = Field(None, description="Served model name; None takes the only model the server serves.")
-    api_key: str | None = Field(None, description="Bearer token for the server, if it needs one.")
+    api_key: SecretStr | None = Field(None, description="Bearer token for the server, if it needs one (give it in the "
+                                      "environment: DRAFTSMITH_TARGET__API_KEY; it is masked wherever it is written).")
     path: str | None = Field(
         None, description="Local folder of the target checkpoint (tokenizer, weights); None = the embedded default."
     )
     cache_dir: Path = Field(
         Path(os.path.expanduser("~/.cache/draftsmith")), description="Where `target prepare` writes checkpoints."
     )
+
+    @field_serializer("url", when_used="json")
+    def _redact_url(self, url: str) -> str:
+        return redact_url(url)
     host: str = Field("127.0.0.1", description="Address `target serve` binds to.")
     port: int = Field(8000, ge=1, le=65535, description="Port `target serve` listens on.")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
@@ -372,9 +413,30 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def redacted_dump(settings: Settings) -> dict[str, Any]:
+    """The settings as JSON-able data with every secret masked (the target API key, the password of the Redis and
+    target URLs): what may be written to a file, a manifest, a checkpoint or a log. ``model_dump(mode="json")`` gives
+    the same (the secret fields serialise masked); this names the intent where it matters."""
+    return settings.model_dump(mode="json")
+
+
+def secrets_of(settings: Settings) -> tuple[str, ...]:
+    """The secret strings in ``settings`` (target API key, passwords in the Redis and target URLs), for the log
+    filter (:func:`draftsmith.log.setup_logging`)."""
+    from urllib.parse import urlsplit
+
+    out = [secret_value(settings.target.api_key)]
+    for url in (settings.redis.url, settings.target.url):
+        try:
+            out.append(urlsplit(url).password)
+        except ValueError:
+            continue
+    return tuple(x for x in out if x)
+
+
 def settings_to_yaml(settings: Settings) -> str:
-    """The resolved config as YAML (written beside every artifact)."""
-    return yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML (written beside every artifact), secrets masked."""
+    return yaml.safe_dump(redacted_dump(settings), sort_keys=False)
 
 
 def describe_fields(model: type[BaseModel] = Settings, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -110,11 +111,12 @@ class Demo:
         """The run's settings as every stage sees them (the demo config file)."""
         from draftsmith.config import load_settings
 
-        return load_settings(self.config_file)
+        return load_settings(self.config_file, {"redis": {"url": self.s.redis.url}})
 
     def write_config(self) -> None:
+        # the Redis URL (it may hold a password) reaches the stage commands through their environment, not the file
         cfg = {"runs_dir": str(Path(self.s.runs_dir).resolve()), "run": self.s.run,
-               "redis": self.s.redis.model_dump(mode="json"), **self.size.config}
+               "redis": {"prefix": self.s.redis.prefix}, **self.size.config}
         cfg["target"] = {"cache_dir": str(self.s.target.cache_dir), **self.size.config.get("target", {})}
         atomic_write_text(self.config_file, yaml.safe_dump(cfg, sort_keys=False))
 
@@ -122,6 +124,7 @@ class Demo:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
         env["DRAFTSMITH_CONFIG"] = str(self.config_file)
+        env["DRAFTSMITH_REDIS__URL"] = self.s.redis.url
         env["PYTHONUNBUFFERED"] = "1"
         if self.url:
             env["DRAFTSMITH_TARGET__URL"] = self.url
@@ -147,11 +150,15 @@ class Demo:
         t = threading.Thread(target=pump, daemon=True)
         t.start()
         t0 = time.time()
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if time.time() - last[0] >= 10:
-                last[0] = time.time()
-                self.say(f"  ... {stage} running for {time.time() - t0:.0f} s{self.snapshot_hint(stage)}")
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                if time.time() - last[0] >= 10:
+                    last[0] = time.time()
+                    self.say(f"  ... {stage} running for {time.time() - t0:.0f} s{self.snapshot_hint(stage)}")
+        except BaseException:  # Ctrl-C / SIGTERM: the stage command stops its own servers on SIGTERM
+            stop_child(proc)
+            raise
         t.join(timeout=5)
         if proc.returncode != 0:
             raise DraftsmithError(f"stage {stage} failed: `draftsmith {' '.join(args)}` exited with {proc.returncode}",
@@ -194,7 +201,7 @@ class Demo:
         from draftsmith.config import load_settings
         from draftsmith.generation.enqueue import enqueue
 
-        s = load_settings(self.config_file, {"target": {"url": self.url}})
+        s = load_settings(self.config_file, {"target": {"url": self.url}, "redis": {"url": self.s.redis.url}})
         for pool, n in self.size.pools.items():
             enqueue(s, str(REPO_DATA / "prompts" / pool), n, s.generation.batch_size,
                     say=lambda m: self.say(f"  {m}"))
@@ -228,7 +235,13 @@ class Demo:
 
     # ---- the whole job
     def run(self, fresh: bool = False) -> dict[str, Any]:
-        """Run every unfinished stage; returns the final state (stage durations) and prints the report."""
+        """Run every unfinished stage; returns the final state (stage durations) and prints the report.
+
+        SIGTERM/SIGHUP raise like Ctrl-C (:func:`draftsmith.signals.raise_on_sigterm`): the running stage command
+        and the target server are stopped, finished stages are kept."""
+        from draftsmith.signals import raise_on_sigterm
+
+        raise_on_sigterm()
         if fresh and self.paths.root.exists():
             self.say(f"FRESH: removing {self.paths.root}")
             shutil.rmtree(self.paths.root)
@@ -303,3 +316,16 @@ class Demo:
 
 def _f(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def stop_child(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGTERM a stage command and wait up to ``grace_s`` (it stops its own vLLM server in that time), then
+    SIGKILL it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

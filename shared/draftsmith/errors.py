@@ -66,3 +66,24 @@ class EngineError(DraftsmithError):
 
 class TrainingError(DraftsmithError):
     """Training cannot go on (a NaN or Inf loss, a bad resume state)."""
+
+
+class Interrupted(DraftsmithError):
+    """A signal (Ctrl-C, SIGTERM from ``timeout``/``docker stop``/a preempting scheduler) stopped a command at a safe
+    point after its work was saved. Exit code: the shell's ``128 + signal number`` (130, 143)."""
+
+    def __init__(self, message: str, hint: str | None = None, signum: int = 2) -> None:
+        super().__init__(message, hint)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full disk or an exhausted quota: ``OSError`` ENOSPC/EDQUOT, or a library's wrapping of
+    it (safetensors' ``SafetensorError: ... IoError(Os { code: 28, kind: StorageFull ... })``)."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text

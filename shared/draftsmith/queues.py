@@ -22,16 +22,19 @@ def connect(url: str) -> redis.Redis:
     Raises:
         QueueError: Redis does not answer (the message says how to start it).
     """
+    from draftsmith.config import redact_url
+
     client = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+    shown = redact_url(url)  # the message is printed and logged: never the password
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as e:
         raise QueueError(
-            f"Redis does not answer at {url} ({e})",
+            f"Redis does not answer at {shown} ({e})",
             "start one (`redis-server --daemonize yes`, or `make up` on the GPU host) or set redis.url",
         ) from e
     except redis.AuthenticationError as e:
-        raise QueueError(f"Redis at {url} refused the password ({e})", "put the right password in redis.url") from e
+        raise QueueError(f"Redis at {shown} refused the password ({e})", "put the right password in redis.url") from e
     return client
 
 

@@ -90,6 +90,35 @@ class RunStatus:
     total: int = 0
 
 
+def generation_line(s: Settings, client, snap, run_root: Path) -> tuple[str, bool]:
+    """Generation's status line: the progress line, unless rq's registries, the age of the last result or the free
+    disk say the run failed or stalled (then that phase, no ETA, the reason and the fix:
+    :func:`draftsmith.run_health.diagnose`). Returns the line and whether nothing will change without the user."""
+    import dataclasses
+
+    import redis
+
+    from draftsmith.generation.progress import ProgressBoard
+    from draftsmith.run_health import diagnose, queue_health
+
+    health, progress = None, {}
+    if client is not None and snap.phase != "done":
+        try:
+            health = queue_health(client, s.redis.prefix, run_root)
+            progress = ProgressBoard(client, s.redis.prefix, run_root).read()
+        except redis.RedisError:
+            health, progress = None, {}
+    verdict = diagnose(snap, health, progress, run_root, s.run, s.generation.min_free_disk_gb)
+    if verdict is not None:
+        return f"{dataclasses.replace(snap, phase=verdict.phase, eta_s=None).line()} | {verdict.line()}", \
+            verdict.phase == "failed"
+    line = snap.line()
+    if health is not None and health.failed_jobs:
+        reason, _ = health.reasons.most_common(1)[0]
+        line += f" | {health.failed_prompts} prompts failed for good so far ({reason})"
+    return line, False
+
+
 def collect_status(s: Settings) -> RunStatus:
     """Read the run's status from Redis (generation) and the stage snapshots (every other stage)."""
     import redis
@@ -113,8 +142,9 @@ def collect_status(s: Settings) -> RunStatus:
     if paths.prompts.exists() or live:
         snap = snapshot(client, s.redis.prefix, paths.root, in_flight)
         src = "" if snap.source == "redis" else " (from disk)"
-        out.lines.append(f"generation{src}: {snap.line()}")
-        out.finished = snap.phase in ("done", "idle", "empty")
+        line, failed_for_good = generation_line(s, client, snap, paths.root)
+        out.lines.append(f"generation{src}: {line}")
+        out.finished = snap.phase in ("done", "idle", "empty") or failed_for_good
         out.done, out.total = snap.done, snap.total
     for st in read_snapshots(paths.root):
         age = time.time() - st["updated_at"]

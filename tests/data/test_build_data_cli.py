@@ -82,3 +82,18 @@ def test_live_server_record_is_token_exact(vllm_server, run_env, embedded_target
     res = CliRunner().invoke(app, ["build-data", "--run", "r1", "--check"])
     assert res.exit_code == 0, res.output
     assert "check ok: 1 turns token-exact" in res.output
+
+
+def test_written_config_and_manifest_hold_no_secret(run_env, smollm2_records, monkeypatch):
+    key, password = "sk-live-4f9a8b7c6d5e3a2b", "h7Kp2xQ9vLm4Tz8w"
+    monkeypatch.setenv("DRAFTSMITH_TARGET__API_KEY", key)
+    monkeypatch.setenv("DRAFTSMITH_REDIS__URL", f"redis://:{password}@127.0.0.1:6379/2")
+    write_records(run_env / "records", smollm2_records)
+    res = CliRunner().invoke(app, ["build-data", "--run", "r1", "--draft-vocab-size", "20", "--max-length", "128"])
+    assert res.exit_code == 0, res.output
+    for f in (run_env / "config.yaml", run_env / "data" / "manifest.json"):
+        text = f.read_text()
+        assert key not in text and password not in text, f
+    man = json.loads((run_env / "data" / "manifest.json").read_text())
+    assert man["config"]["target"]["api_key"] == "**********"
+    assert man["config"]["redis"]["url"] == "redis://:**********@127.0.0.1:6379/2"

@@ -45,13 +45,13 @@ def settings(**overrides: Any):
     Raises:
         ConfigError: see :func:`draftsmith.config.load_settings`.
     """
-    from draftsmith.config import load_settings
+    from draftsmith.config import load_settings, secrets_of
     from draftsmith.log import setup_logging
 
     if _STATE.get("log_level"):
         overrides = {**overrides, "log_level": _STATE["log_level"].upper()}
     s = load_settings(_STATE.get("config"), overrides)
-    setup_logging(s.log_level)
+    setup_logging(s.log_level, secrets_of(s))
     return s
 
 
@@ -66,7 +66,22 @@ def main() -> None:
     except DraftsmithError as e:
         from rich.console import Console
 
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {e}")
+        from draftsmith.errors import Interrupted
+
+        label = "[bold yellow]stopped:[/]" if isinstance(e, Interrupted) else "[bold red]error:[/]"
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"{label} {e}")
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except OSError as e:
+        from draftsmith.errors import is_disk_full
+
+        if not is_disk_full(e):
+            raise
+        where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"error: the disk is full{where} ({e.strerror or e}) -> free some space or point runs_dir at a bigger "
+              "disk, then run the command again: finished work is kept", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as draftsmith.signals.Terminated
+        from draftsmith.signals import exit_code_of
+
+        print(f"stopped by {e.args[0] if e.args else 'SIGINT'}", file=sys.stderr)
+        sys.exit(exit_code_of(e))

@@ -70,7 +70,7 @@ def serve(
         while server.proc and server.proc.poll() is None:
             time.sleep(1)
         typer.echo(f"vLLM exited with code {server.proc.returncode if server.proc else '?'}; see {log_path}")
-    except KeyboardInterrupt:
-        typer.echo("stopping vLLM...")
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (draftsmith.signals.Terminated): a normal stop
+        typer.echo(f"stopping vLLM ({e.args[0] if e.args else 'SIGINT'})...")
     finally:
         server.stop()

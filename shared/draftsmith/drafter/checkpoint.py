@@ -98,8 +98,8 @@ def save_checkpoint(folder: Path, weights: dict[str, torch.Tensor], optimizer_st
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"schema": STATE_SCHEMA, **state,
-                                                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-                                               indent=2))
+                                                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                "saved_ns": time.time_ns()}, indent=2))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -111,11 +111,23 @@ def save_checkpoint(folder: Path, weights: dict[str, torch.Tensor], optimizer_st
     return final
 
 
+def _written_at(ckpt: Path) -> tuple[int, str]:
+    """Sort key of a checkpoint by write time: ``saved_ns`` of its state.json (older checkpoints: the file's
+    mtime in ns), then its name."""
+    f = ckpt / "state.json"
+    try:
+        ns = json.loads(f.read_text()).get("saved_ns")
+        return (int(ns) if ns is not None else f.stat().st_mtime_ns, ckpt.name)
+    except (OSError, ValueError, TypeError):
+        return (0, ckpt.name)
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest WRITTEN first (not by name: ``train --no-resume`` in a run with checkpoints
+    writes ``step-00000001`` after ``step-00000004``, and rotation must keep the new one)."""
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.glob("step-*") if (p / "state.json").is_file())
+    return sorted((p for p in folder.glob("step-*") if (p / "state.json").is_file()), key=_written_at)
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -194,11 +206,28 @@ def load_optimizer_state(ckpt: Path, model, optimizer, scheduler) -> None:
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    osd = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    osd = load_plain(ckpt / "optimizer.pt")
     try:
         set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
     except (KeyError, RuntimeError, ValueError) as e:
         raise ModelError(f"optimizer state of {ckpt} does not fit this drafter ({e})",
                          "resume into the run that wrote it, or set train.resume=false to start over") from e
-    scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=False))
-    set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+    scheduler.load_state_dict(load_plain(ckpt / "scheduler.pt"))
+    set_rng_state(load_plain(ckpt / "rng.pt"))
+
+
+def load_plain(path: Path) -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors, numbers, strings and containers only, never code (a
+    checkpoint from elsewhere cannot run anything when loaded).
+
+    Raises:
+        ModelError: the file is missing, corrupt, or holds anything but plain data (a pickled object or callable).
+    """
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot load {path} as plain tensors and numbers ({first[:200]})",
+                         "the checkpoint is corrupt or was not written by draftsmith; pick another") from e

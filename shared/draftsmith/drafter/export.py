@@ -9,7 +9,8 @@
    EAGLE reader to false (``llama_eagle3.py``), and the drafter must be served the way it was trained.
 
 Aux layer ids are written in vLLM's numbering (our output-of-layer ``i`` is vLLM's ``i + 1``; current SGLang reads
-the same ids as the same tensors, see ``draftsmith.features.layers``). Neither layout stores ``embed_tokens``: the drafter's embedding is the target's, frozen, which vLLM then shares.
+the same ids as the same tensors unless the first is 1, so the ``eagle3`` layout, which SGLang loads, refuses a first
+layer 0: see ``draftsmith.features.layers``). Neither layout stores ``embed_tokens``: the drafter's embedding is the target's, frozen, which vLLM then shares.
 Folders are written under a temporary name and renamed.
 """
 
@@ -24,6 +25,7 @@ import torch
 
 from draftsmith.drafter.checkpoint import FROZEN, model_state
 from draftsmith.drafter.config import DraftConfig, vllm_layer_ids
+from draftsmith.features.layers import eagle3_layout_ids
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -66,7 +68,8 @@ def eagle3_config(cfg: DraftConfig) -> dict[str, Any]:
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,
         "fc_norm": cfg.fc_norm,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": vllm_layer_ids(cfg.layer_ids), "use_aux_hidden_state": True},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": eagle3_layout_ids(cfg.layer_ids),
+                         "use_aux_hidden_state": True},
     }
 
 
@@ -138,5 +141,5 @@ def export_checkpoint(ckpt: Path, target_path: str, out_root: Path, fmt: str, sp
     from draftsmith.drafter.load import load_checkpoint_model
 
     model = load_checkpoint_model(ckpt, target_path)
-    layouts = ["eagle3", "speculators"] if fmt == "both" else [fmt]
+    layouts = ["speculators", "eagle3"] if fmt == "both" else [fmt]  # eagle3 last: it may refuse the layer ids
     return [write_export(model, Path(out_root) / lay, lay, speculative_tokens, target_path) for lay in layouts]

@@ -38,7 +38,7 @@ from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.ttt import StepStats, target_view, ttt_loss
 from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
-from draftsmith.errors import DataError, TrainingError
+from draftsmith.errors import DataError, Interrupted, TrainingError
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths, atomic_write_text
 
@@ -395,9 +395,39 @@ class Trainer:
         ``stop_at`` ends the loop after that optimizer step without the final checkpoint or evaluation (it
         simulates a crash; tests use it to prove exact resume).
 
+        SIGINT, SIGTERM or SIGHUP stop it at the end of the current optimizer step: that step is saved as a
+        checkpoint (resumed exactly by the next run) and :class:`Interrupted` is raised; a second signal stops at once.
+
         Raises:
             TrainingError: a NaN or Inf loss or gradient (the last good checkpoint is kept, nothing is saved).
+            Interrupted: a signal stopped training; the checkpoint of the last finished step is saved.
         """
+        from draftsmith.signals import StopRequest
+
+        with StopRequest() as stop:
+            return self._run(stop, stop_at)
+
+    def _stop_agreed(self, stop) -> bool:
+        """Whether a stop signal reached this process (any rank under DDP/FSDP: every rank stops at the same step)."""
+        if self.dist.world == 1:
+            return stop.requested
+        flag = torch.tensor([1.0 if stop.requested else 0.0], device=self.dist.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _interrupted(self, stop, saved: bool) -> Interrupted:
+        """Save the finished step (unless it was just saved) and build the one line the CLI prints."""
+        import signal
+
+        if not saved:
+            self._save()
+        signum = stop.signum or signal.SIGTERM  # another rank's signal under DDP
+        ckpt = latest_checkpoint(self.paths.checkpoints)
+        return Interrupted(f"training stopped by {signal.Signals(signum).name} after step {self.step}/"
+                           f"{self.total_steps}; checkpoint {ckpt.name if ckpt else '?'} saved",
+                           f"run `draftsmith train --run {self.s.run}` again to resume from it", signum=signum)
+
+    def _run(self, stop, stop_at: int | None) -> dict[str, Any]:
         from draftsmith import metrics
 
         tc, t0 = self.tc, time.time()
@@ -445,10 +475,13 @@ class Trainer:
                     red = StepStats.from_tensor(_all_sum(interval.as_tensor(), self.dist))
                     self._report(red, tokens * self.dist.world, time.time() - t_int, t0, held)
                     last_train, interval, tokens, t_int = red, StepStats(), 0.0, time.time()
-                if self.step % tc.save_every == 0 and self.step < self.total_steps:
+                saved = self.step % tc.save_every == 0 and self.step < self.total_steps
+                if saved:
                     self._save()
                 if stop_at is not None and self.step >= stop_at:
                     return {"step": self.step, "stopped": True}
+                if self.step < self.total_steps and self._stop_agreed(stop):
+                    raise self._interrupted(stop, saved)
             if self.position >= usable:
                 self.epoch, self.position = self.epoch + 1, 0
             if tc.max_steps is None and self.epoch >= tc.epochs:

@@ -14,13 +14,22 @@ transformers                  ``hidden_states[i + 1]``     ``output_hidden_state
 vLLM 0.32 aux layer id        ``i + 1``                    ``EagleModelMixin._maybe_add_hidden_state`` is called
                                                            with ``idx + 1`` after decoder layer ``idx``; default
                                                            ``(2, L//2, L-3)`` = EAGLE code's "input of layer"
-SGLang (first id == 1)        ``i``                        ``set_eagle3_layers_to_capture`` adds 1 (sglang PR 25454
-                                                           keeps the +1 only when the first id is 1)
+SGLang, first id == 1        ``i``                        ``set_eagle3_layers_to_capture`` adds 1 (its capture
+                                                           loop fires BEFORE layer ``k``)
+SGLang, first id != 1        ``i + 1``                    no +1 (sglang PR 25454 keeps the +1 only when the
+                                                           first id is 1): vLLM's numbering
 ============================  ==========================  ======================================================
 
 So a drafter trained on our ``(1, 14, 26)`` must be exported to vLLM with ``eagle_aux_hidden_state_layer_ids =
 [2, 15, 27]`` (:func:`vllm_aux_ids`); writing ``[1, 14, 26]`` makes vLLM feed the outputs of layers 0, 13, 25: the
 silent off-by-one of vLLM PR 43671. ``[2, 15, 27]`` is also what current SGLang reads as the same tensors.
+
+Layouts (checked in the sources): vLLM reads ``eagle_config.eagle_aux_hidden_state_layer_ids`` of the ``eagle3``
+layout (``gpu_model_runner``) and the top-level key of the ``speculators`` layout (``configs/speculators/algos.py``)
+the same way, ``i + 1``. SGLang loads only the ``eagle3`` layout. When our first layer is 0, vLLM's ids start at 1
+and SGLang takes them for output-of-layer ids: every layer one too deep. No id list means output of layer 0 to both
+engines (``[0, ...]`` is the embedding to SGLang), so :func:`eagle3_layout_ids` refuses it and the ``speculators``
+layout (vLLM only) carries such a drafter.
 """
 
 from __future__ import annotations
@@ -92,3 +101,32 @@ def vllm_aux_ids(layer_ids: Sequence[int]) -> list[int]:
     so the output of layer ``i`` is vLLM id ``i + 1``. Proven by ``tests/features/test_vllm_backend.py``.
     """
     return [int(i) + 1 for i in layer_ids]
+
+
+def sglang_reads(config_ids: Sequence[int]) -> list[int]:
+    """The decoder layers whose OUTPUTS SGLang feeds the drafter for ``eagle_aux_hidden_state_layer_ids``.
+
+    SGLang's ``set_eagle3_layers_to_capture`` (after PR 25454): when the first id is 1 the ids are taken as
+    output-of-layer ids (``+1`` onto its capture-before-layer loop); otherwise as capture-before-layer ids, so id
+    ``k`` is the output of layer ``k - 1`` (id 0 would be the embedding, returned as -1).
+    """
+    ids = [int(i) for i in config_ids]
+    return ids if ids and ids[0] == 1 else [i - 1 for i in ids]
+
+
+def eagle3_layout_ids(layer_ids: Sequence[int]) -> list[int]:
+    """``eagle_aux_hidden_state_layer_ids`` for the ``eagle3`` layout, read by vLLM and SGLang alike.
+
+    Raises:
+        ConfigError: the first layer is 0: vLLM's ids then start at 1, which SGLang reads one layer too deep, and
+        no other id list names the output of layer 0 to both engines.
+    """
+    ids = vllm_aux_ids(layer_ids)
+    if sglang_reads(ids) != [int(i) for i in layer_ids]:
+        raise ConfigError(
+            f"layer ids {list(layer_ids)} start at layer 0: the eagle3 layout would hold {ids}, which SGLang reads "
+            f"as the outputs of layers {sglang_reads(ids)}",
+            "serve this drafter in vLLM from the speculators layout (export --format speculators), or train with "
+            "a first layer >= 1 (the default is 1) for SGLang",
+        )
+    return ids

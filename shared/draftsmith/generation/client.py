@@ -139,7 +139,9 @@ class ChatClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.on_error = on_error or (lambda e: None)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        from draftsmith.target.server import auth_headers
+
+        headers = auth_headers(api_key)  # api_key may be target.api_key's SecretStr
         self._http = httpx.AsyncClient(
             headers=headers,
             verify=tls_context(),

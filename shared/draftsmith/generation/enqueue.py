@@ -177,7 +177,9 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         board.reset()
     board.set(phase="enqueued" if pending or active else "done", total=report.total, done_at_start=report.done)
     settings_json = job_settings(s)
-    retry = Retry(max=s.generation.job_retries, interval=[5, 30, 120][: max(1, s.generation.job_retries)])
+    # rq's Retry refuses max=0: no retry object at all means "fail for good on the first failure"
+    n_retries = s.generation.job_retries
+    retry = Retry(max=n_retries, interval=[5, 30, 120][:n_retries]) if n_retries > 0 else None
     for start in range(0, len(pending), batch_size):
         ids = pending[start : start + batch_size]
         jid = job_id_for(paths.root, ids)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftsmith.config import Settings
+from draftsmith.config import Settings, secret_value
 from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.client import ChatClient, ChatError
 from draftsmith.generation.inflight import InflightCap
@@ -165,7 +165,8 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
         board.incr(**{f"err:{e.reason}": 1})
 
     # the worker's own target wins (a pool next to its server replica); else the URL enqueue checked
-    client = ChatClient(os.environ.get(URL_ENV) or s.target.url, model, api_key=s.target.api_key or os.environ.get(API_KEY_ENV),
+    api_key = secret_value(s.target.api_key) or os.environ.get(API_KEY_ENV)
+    client = ChatClient(os.environ.get(URL_ENV) or s.target.url, model, api_key=api_key,
                         request_timeout_s=g.request_timeout_s, connect_timeout_s=g.connect_timeout_s,
                         max_retries=g.max_retries, backoff_s=g.backoff_s, on_error=count_error)
     failed = 0

@@ -8,6 +8,7 @@ serve in float32 (no native bf16 arithmetic here).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -92,8 +93,27 @@ class VLLMServerSpec:
         return cmd + list(self.extra_args)
 
 
+_LIVE: set[VLLMServer] = set()  # servers started by this process and not yet stopped
+
+
+def stop_all_servers() -> None:
+    """Stop every server this process started and has not stopped (``atexit``; the last net under
+    :meth:`VLLMServer.start`'s own clean-up)."""
+    for server in list(_LIVE):
+        server.stop(grace_s=10.0)
+
+
+atexit.register(stop_all_servers)
+
+
 class VLLMServer:
     """A vLLM CPU server in a child process group; a context manager that stops it on exit.
+
+    The server runs in a process group of its own (a Ctrl-C in the terminal reaches only draftsmith, which then
+    stops it in order), so the parent must stop it on every way out: :meth:`start` makes SIGTERM and SIGHUP raise
+    :class:`draftsmith.signals.Terminated` (a ``KeyboardInterrupt``) so ``with`` blocks and ``finally`` run, stops
+    the server itself when interrupted while it waits, and an ``atexit`` hook stops whatever is still running.
+    ``eval``, ``target serve``, the demo and the SGLang evaluator all start servers through this class.
 
     Raises (from :meth:`start`):
         EngineError: the process exited or did not answer within ``timeout_s``; the message carries its log tail.
@@ -110,6 +130,9 @@ class VLLMServer:
 
     def start(self, timeout_s: float = 900.0, progress_every_s: float = 10.0) -> VLLMServer:
         """Start the server and block until ``/v1/models`` answers (logging every ``progress_every_s``)."""
+        from draftsmith.signals import raise_on_sigterm
+
+        raise_on_sigterm()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.spec.command()
         log.info("starting vLLM: %s", " ".join(cmd[1:]))
@@ -119,6 +142,15 @@ class VLLMServer:
             start_new_session=True,
         )
         logf.close()
+        _LIVE.add(self)
+        try:
+            return self._wait_ready(timeout_s, progress_every_s)
+        except BaseException:  # interrupted, or failed to start: no `with` block holds it yet
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout_s: float, progress_every_s: float) -> VLLMServer:
+        assert self.proc is not None
         t0 = time.time()
         next_note = t0 + progress_every_s
         while True:
@@ -154,7 +186,9 @@ class VLLMServer:
         return tail[-160:]
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGINT the process group, then SIGTERM, then SIGKILL."""
+        """SIGINT the process group, then SIGTERM, then SIGKILL; an interruption while waiting (a second Ctrl-C)
+        kills the group at once, then propagates."""
+        _LIVE.discard(self)
         if self.proc is None or self.proc.poll() is not None:
             return
         for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -167,6 +201,13 @@ class VLLMServer:
                 return
             except subprocess.TimeoutExpired:
                 continue
+            except BaseException:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(5.0)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+                raise
 
     def __enter__(self) -> VLLMServer:
         return self
@@ -175,10 +216,18 @@ class VLLMServer:
         self.stop()
 
 
+def auth_headers(api_key) -> dict[str, str]:
+    """``Authorization: Bearer`` for an API key given as ``SecretStr`` (``target.api_key``), a string, or None."""
+    from draftsmith.config import secret_value
+
+    key = secret_value(api_key)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def wait_ready(url: str, timeout_s: float = 0.0, api_key: str | None = None) -> bool:
     """True once ``GET {url}/v1/models`` answers 200; polls for up to ``timeout_s`` seconds."""
     deadline = time.time() + timeout_s
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     while True:
         try:
             if httpx.get(f"{url.rstrip('/')}/v1/models", timeout=2.0, headers=headers).status_code == 200:
@@ -199,7 +248,7 @@ def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
     """
     from draftsmith.errors import TargetAuthError, TargetUnavailable
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     try:
         r = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=timeout_s, headers=headers)
         if r.status_code in (401, 403):

@@ -1,0 +1,55 @@
+"""`draftsmith.signals.StopRequest` in a real process: the first SIGINT/SIGTERM/SIGHUP is a request the loop sees at
+its next safe point, a second one stops at once, and the previous handlers come back."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+LOOP = r"""
+import signal, sys, time
+from draftsmith.signals import StopRequest
+before = signal.getsignal(signal.SIGTERM)
+with StopRequest() as stop:
+    print("READY", flush=True)
+    steps = 0
+    while not stop.requested:
+        time.sleep(0.01); steps += 1
+    print("STOP", signal.Signals(stop.signum).name, flush=True)
+    if sys.argv[1] == "twice":
+        try:
+            print("WAITING", flush=True)  # inside the try: the second signal is sent once this is read
+            time.sleep(60)
+        except KeyboardInterrupt as e:
+            print("AT ONCE", type(e).__name__, flush=True)
+print("RESTORED", signal.getsignal(signal.SIGTERM) is before, flush=True)
+"""
+
+
+def _start(mode: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", LOOP, mode], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "READY"
+    return p
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_first_signal_is_a_request_seen_at_the_safe_point(sig):
+    p = _start("once")
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0 and out.split("\n")[:2] == [f"STOP {sig.name}", "RESTORED True"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_stops_at_once(sig):
+    p = _start("twice")
+    p.send_signal(sig)
+    assert p.stdout.readline().strip() == f"STOP {sig.name}"
+    assert p.stdout.readline().strip() == "WAITING"
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=30)
+    want = "KeyboardInterrupt" if sig == signal.SIGINT else "Terminated"
+    assert out.split("\n")[:2] == [f"AT ONCE {want}", "RESTORED True"]

@@ -1,0 +1,105 @@
+"""`draftsmith status` says failed / stalled with the reason and the fix instead of "[running] ... ETA": real Redis,
+real rq workers and registries, the real CLI, a real small file system for the full disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from draftsmith.generation.progress import ProgressBoard
+from draftsmith.queues import get_queue
+
+PREFIX = "dshealth"
+JOB_FUNC = "draftsmith.generation.jobs.generate_job"
+
+
+def _run(tmp_path: Path, n: int = 8) -> Path:
+    root = tmp_path / "runs" / "t"
+    (root / "records").mkdir(parents=True)
+    rows = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(n)]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _status(tmp_path: Path, redis_url: str, **env) -> str:
+    e = {**os.environ, "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": PREFIX,
+         "DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs"), "DRAFTSMITH_GENERATION__MIN_FREE_DISK_GB": "0", **env}
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "status", "--run", "t"], env=e, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return next(line for line in p.stdout.splitlines() if line.startswith("generation"))
+
+
+def _enqueue(client, root: Path, ids: list[str], bad: bool = True):
+    """A generation job of this run; ``bad`` jobs lack arguments, so they fail for good in a real worker."""
+    kwargs = {"run_root": str(root.resolve()), "prompt_ids": ids}
+    if not bad:
+        kwargs.update(job_id="x", model="m", settings={})
+    return get_queue(client, PREFIX, "generate").enqueue(JOB_FUNC, kwargs=kwargs, failure_ttl=3600)
+
+
+def test_jobs_failed_for_good_show_failed_with_the_reason(tmp_path, redis_url):
+    client = redis.Redis.from_url(redis_url)
+    root = _run(tmp_path)
+    board = ProgressBoard(client, PREFIX, root)
+    board.set(phase="enqueued", total=8, done_at_start=0)
+    board.start_if_unset()
+    for ids in (["p0", "p1", "p2", "p3"], ["p4", "p5", "p6", "p7"]):
+        _enqueue(client, root, ids)
+    code = ("import redis; from rq import Worker; from rq.serializers import JSONSerializer; "
+            f"from draftsmith.queues import get_queue; c = redis.Redis.from_url({redis_url!r}); "
+            f"Worker([get_queue(c, {PREFIX!r}, 'generate')], connection=c, serializer=JSONSerializer).work(burst=True)")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)  # a real rq worker
+    line = _status(tmp_path, redis_url)
+    assert line.startswith("generation: [failed] 0/8 done"), line
+    assert "8 prompts in 2 jobs failed for good: TypeError" in line and "(2 jobs)" in line
+    assert "ETA -" in line and "-> fix the cause, then `draftsmith enqueue --run t` re-enqueues" in line
+
+
+def test_no_record_for_long_with_work_queued_is_stalled(tmp_path, redis_url):
+    client = redis.Redis.from_url(redis_url)
+    root = _run(tmp_path)
+    board = ProgressBoard(client, PREFIX, root)
+    now = time.time()
+    board.set(phase="running", total=8, done_at_start=0, started_at=repr(now - 1000), last_result_at=repr(now - 900),
+              requests_ok=1, latency_sum_s=2.0, completion_tokens=10)
+    _enqueue(client, root, ["p0", "p1"], bad=False)  # queued, and no worker takes it
+    line = _status(tmp_path, redis_url)
+    assert line.startswith("generation: [stalled] 0/8 done"), line
+    assert "no new record for 9" in line and "0 jobs started and 1 queued" in line and "ETA -" in line
+    assert "check that workers run" in line
+    board.set(last_result_at=repr(time.time()))  # a fresh result: running again, with its ETA
+    assert _status(tmp_path, redis_url).startswith("generation: [running] 0/8 done")
+
+
+def test_nothing_queued_and_prompts_missing_says_enqueue_again(tmp_path, redis_url):
+    client = redis.Redis.from_url(redis_url)
+    root = _run(tmp_path)
+    ProgressBoard(client, PREFIX, root).set(phase="running", total=8, done_at_start=0, started_at=repr(time.time()))
+    line = _status(tmp_path, redis_url)
+    assert line.startswith("generation: [stalled] 0/8 done") and "8 prompts without a record and no job" in line
+
+
+def test_full_disk_is_stalled_not_running(tmp_path, redis_url):
+    """The run folder on a 1 MiB tmpfs (a private mount namespace, `unshare -rm`), below min_free_disk_gb."""
+    client = redis.Redis.from_url(redis_url)
+    src = _run(tmp_path / "src")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    root = runs / "t"
+    ProgressBoard(client, PREFIX, root).set(phase="running", total=8, done_at_start=0, started_at=repr(time.time()))
+    _enqueue(client, root, ["p0"], bad=False)
+    env = {**os.environ, "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": PREFIX,
+           "DRAFTSMITH_RUNS_DIR": str(runs)}
+    script = (f"mount -t tmpfs -o size=1m none {runs} || exit 97; cp -r {src} {root}; "
+              f"{sys.executable} -m draftsmith status --run t")
+    p = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = next(x for x in p.stdout.splitlines() if x.startswith("generation"))
+    assert line.startswith("generation: [stalled] 0/8 done") and "disk full: 0.00 GB free" in line, line
+    assert "free some space" in line
