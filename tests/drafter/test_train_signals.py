@@ -15,6 +15,12 @@ import pytest
 pytestmark = pytest.mark.slow  # trains on real features (the session's reference run)
 
 
+def _sighup_default() -> None:
+    """Children start with SIGHUP at its default action even under ``nohup`` (which sets it to ignored, and a
+    command rightly keeps an ignored SIGHUP): the tests send SIGHUP and expect it to be handled."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM])  # SIGINT/SIGHUP reach the same StopRequest: tests/lifecycle
 def test_signal_saves_a_checkpoint_and_the_next_run_resumes_from_it(sig, reference_run, embedded_target,
                                                                     draft_vocab, tmp_path):
@@ -29,7 +35,7 @@ def test_signal_saves_a_checkpoint_and_the_next_run_resumes_from_it(sig, referen
            "DRAFTSMITH_TRAIN__BATCH_TOKENS": "640", "DRAFTSMITH_TRAIN__BATCH_SIZE": "4",
            "DRAFTSMITH_TRAIN__LOG_EVERY": "1", "DRAFTSMITH_TRAIN__EVAL_EVERY": "1000",
            "DRAFTSMITH_TARGET__API_KEY": "sk-live-4f9a8b7c6d5e3a2b"}  # must not reach state.json
-    proc = subprocess.Popen([sys.executable, "-m", "draftsmith", "train", "--run", "sig", "--max-steps", "200",
+    proc = subprocess.Popen(preexec_fn=_sighup_default, args=[sys.executable, "-m", "draftsmith", "train", "--run", "sig", "--max-steps", "200",
                              "--ttt-steps", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err_lines = []
     for line in proc.stderr:  # progress lines go to stderr (the log)

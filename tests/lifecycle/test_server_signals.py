@@ -22,6 +22,12 @@ from draftsmith.target.server import free_port
 DRIVER = Path(__file__).with_name("server_driver.py")
 
 
+
+def _sighup_default() -> None:
+    """Children start with SIGHUP at its default action even under ``nohup`` (which sets it to ignored, and a
+    command rightly keeps an ignored SIGHUP): the tests send SIGHUP and expect it to be handled."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
 def _pgid_alive(pgid: int) -> list[int]:
     out = []
     for p in psutil.process_iter(["pid"]):
@@ -35,7 +41,7 @@ def _pgid_alive(pgid: int) -> list[int]:
 
 def _start(mode: str, tmp_path: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(DRIVER), str(port), mode, str(tmp_path / "server.log")],
+    proc = subprocess.Popen(preexec_fn=_sighup_default, args=[sys.executable, str(DRIVER), str(port), mode, str(tmp_path / "server.log")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     want = "READY" if mode == "stub" else "STARTED"
     line = ""
@@ -82,7 +88,7 @@ def test_target_serve_sigterm_stops_real_vllm(embedded_target, tmp_path):
     port = free_port()
     env = {**os.environ, "DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs"), "DRAFTSMITH_TARGET__KV_CACHE_GIB": "1",
            "DRAFTSMITH_TARGET__PATH": str(embedded_target)}
-    proc = subprocess.Popen([sys.executable, "-m", "draftsmith", "target", "serve", "--port", str(port), "--eager"],
+    proc = subprocess.Popen(preexec_fn=_sighup_default, args=[sys.executable, "-m", "draftsmith", "target", "serve", "--port", str(port), "--eager"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     me = psutil.Process(proc.pid)
     server = None

@@ -29,8 +29,14 @@ print("RESTORED", signal.getsignal(signal.SIGTERM) is before, flush=True)
 """
 
 
+
+def _sighup_default() -> None:
+    """Children start with SIGHUP at its default action even under ``nohup`` (which sets it to ignored, and a
+    command rightly keeps an ignored SIGHUP): the tests send SIGHUP and expect it to be handled."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
 def _start(mode: str) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", LOOP, mode], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(preexec_fn=_sighup_default, args=[sys.executable, "-c", LOOP, mode], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "READY"
     return p
 
