@@ -200,7 +200,7 @@ class EvalConfig(Section):
         default_factory=lambda: ["mt_bench", "gsm8k", "humaneval", "alpaca"],
         description="Eval sets: bundled names (mt_bench, gsm8k, humaneval, alpaca) or JSONL paths (EAGLE layout).",
     )
-    sets_dir: Path | None = Field(None, description="Folder of the bundled eval sets; None = the repo's data/eval.")
+    sets_dir: Path | None = Field(None, description="Folder of the bundled eval sets; None = the ones shipped in the package.")
     limit: int | None = Field(None, ge=1, description="Questions per set (None = all 80); small for CPU smoke runs.")
     concurrency: int = Field(4, ge=1, description="Prompts in flight at once during the measurement.")
     temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of the eval requests (0 = greedy).")
