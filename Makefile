@@ -29,6 +29,10 @@ SERVICE ?=
 PROJECT ?= draftsmith
 BUILD ?= --build
 UP_ARGS ?=
+# extra settings of a one-off job, as DRAFTSMITH_* variables: JOB_ENV='-e DRAFTSMITH_TRAIN__MAX_STEPS=20'
+JOB_ENV ?=
+MAX_TOKENS ?=
+BATCH ?=
 # Compose v2 plugin where Docker has it, else the standalone docker-compose (1.29: Debian's, used with podman)
 DOCKER_COMPOSE ?= $(shell docker compose version > /dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 # GPU reservations only for the GPU engines: the cpu profile reserves none
@@ -37,7 +41,7 @@ COMPOSE ?= $(DOCKER_COMPOSE) -p $(PROJECT) --env-file $(ENV_FILE) $(COMPOSE_FILE
 # .env values the make targets need on their own command lines (read, never sourced)
 ENV_TRAIN_GPUS = $(shell sed -n 's/^TRAIN_GPUS=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
 ENV_EVAL_ENGINE = $(shell sed -n 's/^EVAL_ENGINE=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
-RUN_JOB = $(COMPOSE) run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) generator
+RUN_JOB = $(COMPOSE) run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) generator
 
 .PHONY: check-secrets images up down ps logs enqueue status scale data extract train export eval
 check-secrets: ## Refuse to go on while a required secret in .env is empty or weak (names them)
@@ -59,8 +63,9 @@ ps: check-secrets ## Containers of the stack and their health
 logs: check-secrets ## Follow logs (SERVICE=generator for one service)
 	$(COMPOSE) --profile $(ENGINE) logs -f --tail=200 $(SERVICE)
 
-enqueue: check-secrets ## Enqueue prompts: make enqueue RUN=demo SOURCE=/data/prompts/gsm8k_train.jsonl LIMIT=1000
-	$(RUN_JOB) draftsmith enqueue --run $(RUN) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT))
+enqueue: check-secrets ## Enqueue prompts: make enqueue RUN=demo SOURCE=/data/prompts/gsm8k_train.jsonl LIMIT=1000 [MAX_TOKENS= BATCH=]
+	$(RUN_JOB) draftsmith enqueue --run $(RUN) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT)) \
+	  $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) $(if $(BATCH),--batch-size $(BATCH))
 
 status: check-secrets ## Phase and progress of a run: make status RUN=demo
 	$(RUN_JOB) draftsmith status --run $(RUN)
@@ -75,14 +80,14 @@ extract: check-secrets ## Enqueue hidden-state extraction; the extractor service
 	$(RUN_JOB) draftsmith extract --run $(RUN)
 
 train: check-secrets ## Train the drafter in the trainer service (TRAIN_GPUS ranks): make train RUN=demo
-	$(COMPOSE) --profile train run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) trainer \
+	$(COMPOSE) --profile train run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) trainer \
 	  torchrun --standalone --nproc_per_node $(or $(ENV_TRAIN_GPUS),1) -m draftsmith train --run $(RUN)
 
 export: check-secrets ## Export the drafter (EAGLE-3 and speculators layouts): make export RUN=demo
 	$(RUN_JOB) draftsmith export --run $(RUN) --format both
 
 eval: check-secrets ## Acceptance of the drafter in the running target (DRAFTER_DIR set in .env, then make up)
-	$(COMPOSE) --profile eval run --rm -e DRAFTSMITH_RUN=$(RUN) evaluator \
+	$(COMPOSE) --profile eval run --rm -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) evaluator \
 	  draftsmith eval --run $(RUN) --engine $(or $(ENV_EVAL_ENGINE),vllm) --url http://target:8000
 
 # ---------------------------------------------------------------- embedded CPU default (no GPU, no Docker)
