@@ -56,7 +56,8 @@ serve_dir=$(mktemp -d)
 server_pid=""
 cleanup() { [[ -n "$server_pid" ]] && kill "$server_pid" 2> /dev/null; rm -rf "$serve_dir"; }
 trap cleanup EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# a fixed port: it is part of PIP_ARGS, and a build argument that changes invalidates every cached layer using it
+port=${LOCAL_PIP_PORT:-57067}
 pip_args="--cert /etc/ssl/certs/ca-certificates.crt"
 torch_index="https://download.pytorch.org/whl/cpu"
 n=0
