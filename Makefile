@@ -41,7 +41,9 @@ COMPOSE ?= $(DOCKER_COMPOSE) -p $(PROJECT) --env-file $(ENV_FILE) $(COMPOSE_FILE
 # .env values the make targets need on their own command lines (read, never sourced)
 ENV_TRAIN_GPUS = $(shell sed -n 's/^TRAIN_GPUS=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
 ENV_EVAL_ENGINE = $(shell sed -n 's/^EVAL_ENGINE=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
-RUN_JOB = $(COMPOSE) run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) generator
+# One-off commands run inside the first running generator container (`exec`: the stack must be up). Not `run`:
+# podman's Docker API refuses the self-link docker-compose 1.29 gives one-off containers ("link is not supported").
+RUN_JOB = $(COMPOSE) exec -T -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) generator
 
 .PHONY: check-secrets images up down ps logs enqueue status scale data extract train export eval
 check-secrets: ## Refuse to go on while a required secret in .env is empty or weak (names them)
