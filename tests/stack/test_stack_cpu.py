@@ -173,6 +173,7 @@ def test_stack_cpu_end_to_end(stack):
     wait_for(lambda: sum(records(runs, kill_run).values()) >= 24, 900, 5, "the killed container's batch elsewhere")
     recs = records(runs, kill_run)
     assert len(recs) == 24 and set(recs.values()) == {1}, recs
+    up(ctx)  # `docker kill` counts as a manual stop (no restart policy applies): make up brings it back
 
     # 4. build-data and extract through the stack's services
     sh([*mk, "data"], env)
