@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-# ---- GPU host: the Compose stack (compose.yaml, .env; docs/gpu-host.md) ----
+# ---- The Compose stack (compose.yaml, .env; docs/gpu-host.md): GPU host, or ENGINE=cpu on any machine ----
 ENV_FILE ?= .env
 ENGINE ?= vllm
 RUN ?= demo
@@ -26,18 +26,38 @@ SOURCE ?= /data/prompts/gsm8k_train.jsonl
 LIMIT ?=
 N ?= 2
 SERVICE ?=
-COMPOSE ?= docker compose -p draftsmith --env-file $(ENV_FILE) -f compose.yaml
+PROJECT ?= draftsmith
+BUILD ?= --build
+UP_ARGS ?=
+# extra settings of a one-off job, as DRAFTSMITH_* variables: JOB_ENV='-e DRAFTSMITH_TRAIN__MAX_STEPS=20'
+JOB_ENV ?=
+MAX_TOKENS ?=
+BATCH ?=
+# Compose v2 plugin where Docker has it, else the standalone docker-compose (1.29: Debian's, used with podman)
+DOCKER_COMPOSE ?= $(shell docker compose version > /dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+# GPU reservations only for the GPU engines: the cpu profile reserves none
+COMPOSE_FILES ?= $(strip -f compose.yaml $(if $(filter cpu,$(ENGINE)),,-f compose.gpu.yaml))
+COMPOSE ?= $(DOCKER_COMPOSE) -p $(PROJECT) --env-file $(ENV_FILE) $(COMPOSE_FILES)
+# .env values the make targets need on their own command lines (read, never sourced)
+ENV_TRAIN_GPUS = $(shell sed -n 's/^TRAIN_GPUS=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
+ENV_EVAL_ENGINE = $(shell sed -n 's/^EVAL_ENGINE=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
+# One-off commands run inside the first running generator container (`exec`: the stack must be up). Not `run`:
+# podman's Docker API refuses the self-link docker-compose 1.29 gives one-off containers ("link is not supported").
+RUN_JOB = $(COMPOSE) exec -T -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) generator
 
-.PHONY: check-secrets up down ps logs enqueue status scale
+.PHONY: check-secrets images up down ps logs enqueue status scale data extract train export eval
 check-secrets: ## Refuse to go on while a required secret in .env is empty or weak (names them)
 	@scripts/check-secrets.sh $(ENV_FILE)
 
-up: check-secrets ## Start the stack with the target in ENGINE (vllm or sglang), building the project image
-	$(COMPOSE) --profile $(ENGINE) up -d --build
+images: ## No registry reachable (no Docker Hub)? Build local stand-in images and name them in .env
+	@scripts/local-images.sh $(ENV_FILE)
+
+up: check-secrets ## Start the stack with the target in ENGINE (vllm, sglang or cpu), building the project image
+	$(COMPOSE) --profile $(ENGINE) up -d $(BUILD) $(UP_ARGS)
 	@echo "Grafana: http://127.0.0.1:$${GRAFANA_PORT:-3000} (admin password in $(ENV_FILE)); make status RUN=$(RUN)"
 
 down: check-secrets ## Stop the stack (volumes kept: Redis data, Prometheus and Grafana history)
-	$(COMPOSE) --profile vllm --profile sglang --profile train --profile eval down
+	$(COMPOSE) --profile vllm --profile sglang --profile cpu --profile train --profile eval down
 
 ps: check-secrets ## Containers of the stack and their health
 	$(COMPOSE) --profile $(ENGINE) ps
@@ -45,14 +65,32 @@ ps: check-secrets ## Containers of the stack and their health
 logs: check-secrets ## Follow logs (SERVICE=generator for one service)
 	$(COMPOSE) --profile $(ENGINE) logs -f --tail=200 $(SERVICE)
 
-enqueue: check-secrets ## Enqueue prompts: make enqueue RUN=demo SOURCE=/data/prompts/gsm8k_train.jsonl LIMIT=1000
-	$(COMPOSE) run --rm --no-deps generator draftsmith enqueue --run $(RUN) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT))
+enqueue: check-secrets ## Enqueue prompts: make enqueue RUN=demo SOURCE=/data/prompts/gsm8k_train.jsonl LIMIT=1000 [MAX_TOKENS= BATCH=]
+	$(RUN_JOB) draftsmith enqueue --run $(RUN) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT)) \
+	  $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) $(if $(BATCH),--batch-size $(BATCH))
 
 status: check-secrets ## Phase and progress of a run: make status RUN=demo
-	$(COMPOSE) run --rm --no-deps generator draftsmith status --run $(RUN)
+	$(RUN_JOB) draftsmith status --run $(RUN)
 
 scale: check-secrets ## Run N generator containers: make scale N=4
-	$(COMPOSE) --profile $(ENGINE) up -d --no-recreate --scale generator=$(N)
+	$(COMPOSE) --profile $(ENGINE) up -d --no-recreate --scale generator=$(N) $(UP_ARGS)
+
+data: check-secrets ## Training samples from the run's records: make data RUN=demo
+	$(RUN_JOB) draftsmith build-data --run $(RUN)
+
+extract: check-secrets ## Enqueue hidden-state extraction; the extractor service runs it (make status shows it): make extract RUN=demo
+	$(RUN_JOB) draftsmith extract --run $(RUN)
+
+train: check-secrets ## Train the drafter in the trainer service (TRAIN_GPUS ranks): make train RUN=demo
+	$(COMPOSE) --profile train run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) trainer \
+	  torchrun --standalone --nproc_per_node $(or $(ENV_TRAIN_GPUS),1) -m draftsmith train --run $(RUN)
+
+export: check-secrets ## Export the drafter (EAGLE-3 and speculators layouts): make export RUN=demo
+	$(RUN_JOB) draftsmith export --run $(RUN) --format both
+
+eval: check-secrets ## Acceptance of the drafter in the running target (DRAFTER_DIR set in .env, then make up)
+	$(COMPOSE) --profile eval run --rm -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) evaluator \
+	  draftsmith eval --run $(RUN) --engine $(or $(ENV_EVAL_ENGINE),vllm) --url http://target:8000
 
 # ---------------------------------------------------------------- embedded CPU default (no GPU, no Docker)
 DEMO_SIZE ?= default

@@ -65,3 +65,41 @@ def test_cli_prints_one_line_and_exits_2_before_touching_anything(tmp_path):
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "unknown config key 'generation.concurency'" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_lists_and_mappings_from_the_environment_are_json(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("extract:\n  layers: [2, 3, 4]\neval:\n  sets: [mt_bench]\n")
+    monkeypatch.setenv("DRAFTSMITH_EXTRACT__LAYERS", "[1,14,26]")
+    monkeypatch.setenv("DRAFTSMITH_DATA__TEMPLATE_KWARGS", '{"enable_thinking": false}')
+    monkeypatch.setenv("DRAFTSMITH_TRAIN__BETAS", "[0.8, 0.9]")
+    s = load_settings(cfg, {"eval": {"sets": ["gsm8k", "alpaca"]}})
+    assert s.extract.layers == [1, 14, 26]  # env beats the file
+    assert s.data.template_kwargs == {"enable_thinking": False}
+    assert s.train.betas == (0.8, 0.9)
+    assert s.eval.sets == ["gsm8k", "alpaca"]  # flags beat the file
+    monkeypatch.setenv("DRAFTSMITH_EVAL__SETS", '["humaneval"]')
+    assert load_settings(cfg).eval.sets == ["humaneval"]
+
+
+def test_a_list_that_is_not_json_names_the_variable(monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_TARGET__EXTRA_ARGS", "--swap-space 4")
+    with pytest.raises(ConfigError, match="DRAFTSMITH_TARGET__EXTRA_ARGS is not valid JSON"):
+        load_settings(None)
+
+
+def test_unknown_top_level_variable_is_rejected(monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_RUNZ", "x")
+    with pytest.raises(ConfigError, match="unknown config key 'runz'"):
+        load_settings(None)
+
+
+def test_cli_config_reads_a_list_from_the_environment(tmp_path):
+    env = {**os.environ, "DRAFTSMITH_EXTRACT__LAYERS": "[1,14,26]", "DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs")}
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "config"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr  # the table of keys, exactly what the command ran
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "config", "--show"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "  layers:\n  - 1\n  - 14\n  - 26\n" in p.stdout

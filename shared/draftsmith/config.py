@@ -1,16 +1,18 @@
 """The one config schema. YAML file, environment variables and CLI flags are views of it.
 
 Precedence (highest first): CLI flags > environment (``DRAFTSMITH_<SECTION>__<FIELD>``, e.g.
-``DRAFTSMITH_GENERATION__CONCURRENCY=64``) > YAML file (``--config FILE`` or ``DRAFTSMITH_CONFIG``) > defaults.
+``DRAFTSMITH_GENERATION__CONCURRENCY=64``; lists and mappings as JSON,
+``DRAFTSMITH_EXTRACT__LAYERS='[1,14,26]'``) > YAML file (``--config FILE`` or ``DRAFTSMITH_CONFIG``) > defaults.
 Every field has a default and a one-line doc; unknown keys are rejected (``extra="forbid"``) and the whole config
 is validated before any model, dataset or server is touched. Each stage adds its fields to its own section.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -22,7 +24,13 @@ from pydantic import (
     field_serializer,
     field_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from draftsmith.errors import ConfigError
 
@@ -269,7 +277,7 @@ class EvalConfig(Section):
         default_factory=lambda: ["mt_bench", "gsm8k", "humaneval", "alpaca"],
         description="Eval sets: bundled names (mt_bench, gsm8k, humaneval, alpaca) or JSONL paths (EAGLE layout).",
     )
-    sets_dir: Path | None = Field(None, description="Folder of the bundled eval sets; None = the repo's data/eval.")
+    sets_dir: Path | None = Field(None, description="Folder of the bundled eval sets; None = the ones shipped in the package.")
     limit: int | None = Field(None, ge=1, description="Questions per set (None = all 80); small for CPU smoke runs.")
     concurrency: int = Field(4, ge=1, description="Prompts in flight at once during the measurement.")
     temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of the eval requests (0 = greedy).")
@@ -343,20 +351,48 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 # variables of the test suite and benchmarks, not config keys
 _NOT_CONFIG = ("DRAFTSMITH_TEST_", "DRAFTSMITH_BENCH_")
+_PREFIX = "DRAFTSMITH_"
 
 
 def _env_keys() -> dict[str, Any]:
-    """Nested dict of the DRAFTSMITH_* variables, to let them beat the YAML file but lose to flags."""
-    out: dict[str, Any] = {}
+    """Nested dict of the ``DRAFTSMITH_*`` variables, to let them beat the YAML file but lose to flags.
+
+    Parsing is pydantic-settings' own :class:`EnvSettingsSource` (``__`` nests into sections; list, tuple and dict
+    fields are read as JSON, e.g. ``DRAFTSMITH_EXTRACT__LAYERS='[1,14,26]'``). A top-level variable that names no
+    field is kept so that validation rejects it as an unknown key (the source itself would ignore it).
+
+    Raises:
+        ConfigError: a list or mapping value is not JSON; the message names the variable.
+    """
+    try:
+        out: dict[str, Any] = EnvSettingsSource(Settings)()
+    except SettingsError as e:
+        raise ConfigError(f"{_bad_json_variable() or 'a DRAFTSMITH_* variable'} is not valid JSON",
+                          "write lists and mappings as JSON, e.g. DRAFTSMITH_EXTRACT__LAYERS='[1,14,26]'") from e
     for key, value in os.environ.items():
-        if not key.startswith("DRAFTSMITH_") or key == "DRAFTSMITH_CONFIG" or key.startswith(_NOT_CONFIG):
+        if not key.startswith(_PREFIX) or key == "DRAFTSMITH_CONFIG" or key.startswith(_NOT_CONFIG):
             continue
-        parts = key[len("DRAFTSMITH_") :].lower().split("__")
-        node = out
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
+        top = key[len(_PREFIX) :].lower().split("__")[0]
+        if top not in Settings.model_fields:
+            out[top] = value
     return out
+
+
+def _bad_json_variable() -> str | None:
+    """Name of the first ``DRAFTSMITH_<SECTION>__<FIELD>`` variable of a list/tuple/dict field that is not JSON."""
+    for key, value in os.environ.items():
+        parts = key[len(_PREFIX) :].lower().split("__") if key.startswith(_PREFIX) else []
+        section = Settings.model_fields.get(parts[0]) if len(parts) == 2 else None
+        model = section.annotation if section else None
+        field = model.model_fields.get(parts[1]) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None or not any(get_origin(a) in (list, tuple, dict) for a in (field.annotation,
+                                                                                   *get_args(field.annotation))):
+            continue
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return key
+    return None
 
 
 def load_settings(config_file: Path | str | None = None, overrides: dict[str, Any] | None = None) -> Settings:
@@ -388,7 +424,7 @@ def load_settings(config_file: Path | str | None = None, overrides: dict[str, An
     data = _deep_merge(data, _env_keys())
     data = _deep_merge(data, _drop_none(overrides or {}))
     try:
-        # env already merged by hand (so that it beats the file); keep pydantic-settings from reading it twice
+        # env was read once above (pydantic-settings' env source) and merged over the file; validate, no re-read
         return Settings.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]

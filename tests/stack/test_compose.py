@@ -17,6 +17,7 @@ import yaml
 from stack_helpers import REPO
 
 COMPOSE = REPO / "compose.yaml"
+COMPOSE_GPU = REPO / "compose.gpu.yaml"
 ENV_EXAMPLE = REPO / ".env.example"
 GOOD_SECRETS = {"REDIS_PASSWORD": "3f9c1a7e5b2d4c6e8a0b1c2d", "GRAFANA_ADMIN_PASSWORD": "9b8a7c6d5e4f3a2b",
                 "TARGET_MODEL": "Kimi-K2.5"}
@@ -65,9 +66,10 @@ def write_env(tmp_path: Path, **values: str) -> Path:
 
 
 def test_services_present(services):
-    assert set(services) == {"redis", "target-vllm", "target-sglang", "generator", "extractor", "trainer",
-                             "evaluator", "queue-exporter", "pushgateway", "prometheus", "grafana"}
+    assert set(services) == {"redis", "target-vllm", "target-sglang", "target-cpu", "generator", "extractor",
+                             "trainer", "evaluator", "queue-exporter", "pushgateway", "prometheus", "grafana"}
     assert services["target-vllm"]["profiles"] == ["vllm"] and services["target-sglang"]["profiles"] == ["sglang"]
+    assert services["target-cpu"]["profiles"] == ["cpu"]
 
 
 def test_images_and_build_contexts_exist(services):
@@ -143,17 +145,34 @@ def test_healthchecks_on_long_running_services(services):
         assert "9400/metrics" in " ".join(services[name]["healthcheck"]["test"]), name
 
 
-def test_gpu_reservations(services):
+def _devices(svc: dict) -> list:
+    return svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+
+
+def test_gpu_reservations(services, tmp_path):
+    """compose.yaml reserves no GPU (the cpu profile runs anywhere); compose.gpu.yaml, added by the Makefile for the
+    GPU engines, reserves them for exactly the GPU services. Checked on the file Compose itself merges."""
     for name, svc in services.items():
-        devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        assert not _devices(svc), f"{name} reserves a GPU in compose.yaml (belongs in compose.gpu.yaml)"
+    env = write_env(tmp_path, **GOOD_SECRETS)
+    clean = {k: v for k, v in os.environ.items() if k not in GOOD_SECRETS}
+    out = subprocess.run([*_compose_cli(), "-f", str(COMPOSE), "-f", str(COMPOSE_GPU), "--env-file", str(env),
+                          "--profile", "vllm", "--profile", "sglang", "--profile", "train", "config"],
+                         capture_output=True, text=True, env=clean, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    merged = yaml.safe_load(out.stdout)["services"]
+    for name, svc in merged.items():
+        devices = _devices(svc)
         if name in GPU_SERVICES:
             assert devices and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"], name
         else:
             assert not devices, f"{name} should not reserve a GPU"
     for name in ("target-vllm", "target-sglang"):
-        assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
+        assert merged[name]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
         assert services[name]["environment"]["TENSOR_PARALLEL_SIZE"] == "${TENSOR_PARALLEL_SIZE:-1}"
         assert services[name]["networks"]["draftsmith"]["aliases"] == ["target"]
+    assert merged["extractor"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 1
+    assert services["target-cpu"]["networks"]["draftsmith"]["aliases"] == ["target"]
 
 
 def test_redis_password_persistence_and_localhost(services):
@@ -172,7 +191,7 @@ def test_ports_only_on_localhost(services):
         for p in svc.get("ports", []):
             published += 1
             assert str(p).startswith("127.0.0.1:"), f"{name} publishes {p} beyond localhost"
-    assert published == 5  # redis, two target profiles, prometheus, grafana (pushgateway: internal only)
+    assert published == 6  # redis, three target profiles, prometheus, grafana (pushgateway: internal only)
     for name in PROJECT_SERVICES:
         assert "ports" not in services[name], f"{name} must talk over the compose network only"
 
@@ -244,7 +263,8 @@ def test_compose_config_validates_offline(tmp_path):
     cli = _compose_cli()
     env = write_env(tmp_path, **GOOD_SECRETS)
     clean = {k: v for k, v in os.environ.items() if k not in GOOD_SECRETS}
-    for profiles in ([], ["--profile", "vllm"], ["--profile", "sglang", "--profile", "train", "--profile", "eval"]):
+    for profiles in ([], ["--profile", "vllm"], ["--profile", "sglang", "--profile", "train", "--profile", "eval"],
+                     ["--profile", "cpu"]):
         out = subprocess.run([*cli, "-f", str(COMPOSE), "--env-file", str(env), *profiles, "config", "-q"],
                              capture_output=True, text=True, env=clean, cwd=REPO)
         assert out.returncode == 0, out.stderr
@@ -268,11 +288,15 @@ def test_make_refuses_without_secrets_naming_them(tmp_path):
                          text=True, env=clean)
     assert out.returncode == 2 and "cp .env.example" in out.stderr
     good = write_env(tmp_path, **GOOD_SECRETS)
-    dry = subprocess.run(["make", "-n", "up", "scale", "N=3", "ENGINE=sglang", f"ENV_FILE={good}"], cwd=REPO,
-                         capture_output=True, text=True, env=clean)
+    dry = subprocess.run(["make", "-n", "up", "scale", "N=3", "ENGINE=sglang", f"ENV_FILE={good}",
+                          "DOCKER_COMPOSE=docker compose"], cwd=REPO, capture_output=True, text=True, env=clean)
     assert dry.returncode == 0
-    assert f"docker compose -p draftsmith --env-file {good} -f compose.yaml --profile sglang up -d --build" in dry.stdout
+    assert (f"docker compose -p draftsmith --env-file {good} -f compose.yaml -f compose.gpu.yaml --profile sglang "
+            "up -d --build") in dry.stdout
     assert "--scale generator=3" in dry.stdout
+    cpu = subprocess.run(["make", "-n", "up", "ENGINE=cpu", f"ENV_FILE={good}", "DOCKER_COMPOSE=docker compose"],
+                         cwd=REPO, capture_output=True, text=True, env=clean)
+    assert f"docker compose -p draftsmith --env-file {good} -f compose.yaml --profile cpu up -d --build" in cpu.stdout
     ok = subprocess.run(["scripts/check-secrets.sh", str(good)], cwd=REPO, capture_output=True, text=True, env=clean)
     assert ok.returncode == 0, ok.stderr
 

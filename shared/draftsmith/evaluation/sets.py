@@ -1,6 +1,7 @@
 """Evaluation prompt sets in the EAGLE layout: one JSON object per line with a ``turns`` list of user messages.
 
-Bundled sets (80 questions each, under ``data/eval/``): ``mt_bench`` (two turns per question), ``gsm8k``,
+Bundled sets (80 questions each, package data under ``draftsmith/evaluation/data/``, so that a normal
+non-editable install such as the project's image has them; ``data/eval`` in the repository links there): ``mt_bench`` (two turns per question), ``gsm8k``,
 ``humaneval``, ``alpaca``; the layout is the one EAGLE's ``gen_ea_answer_*`` scripts and SpecForge's benchmarks
 read. Any JSONL file in that layout can be passed by path instead of a name.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 from draftsmith.errors import DataError
@@ -35,8 +37,8 @@ class EvalSet:
 
 
 def bundled_dir() -> Path:
-    """The repository's ``data/eval`` folder (``shared/draftsmith/evaluation`` is three levels below the root)."""
-    return Path(__file__).resolve().parents[3] / "data" / "eval"
+    """Folder of the bundled sets: the package data ``draftsmith/evaluation/data`` of the installed package."""
+    return Path(str(files("draftsmith.evaluation") / "data"))
 
 
 def resolve_set_path(spec: str, sets_dir: Path | None = None) -> tuple[str, Path]:
@@ -66,7 +68,7 @@ def load_set(spec: str, limit: int | None = None, sets_dir: Path | None = None) 
     Args:
         spec: a bundled name (``mt_bench``...) or a path to a JSONL file with a ``turns`` list of strings per line.
         limit: keep the first ``limit`` questions (None = all).
-        sets_dir: folder of the bundled sets (None = the repository's ``data/eval``).
+        sets_dir: folder of the bundled sets (None = the package's own, :func:`bundled_dir`).
 
     Returns:
         The :class:`EvalSet`.
