@@ -81,8 +81,10 @@ SIZES: dict[str, DemoSize] = {
         config={
             "target": {"enforce_eager": True, "max_model_len": 1024, "kv_cache_gib": 1,
                        "extra_args": ["--reasoning-parser", "deepseek_r1"]},
-            "generation": {"max_tokens": 160, "batch_size": 16, "concurrency": 32},
-            "data": {"max_length": 512, "draft_vocab_size": 1024, "require_reasoning": True},
+            "generation": {"max_tokens": 256, "batch_size": 16, "concurrency": 32},
+            # a turn cut inside <think> never generated </think>, which the template renders: drop cut turns
+            "data": {"max_length": 512, "draft_vocab_size": 1024, "require_reasoning": True,
+                     "truncated_answers": "drop", "max_drop_rate": 0.5},
             "train": {"draft_vocab_size": 1024, "epochs": 6, "lr": 2e-3, "batch_size": 8, "batch_tokens": 4096,
                       "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
             "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},

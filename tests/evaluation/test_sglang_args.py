@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def sglang_parser() -> tuple[argparse.ArgumentParser, dict]:
     spec = json.loads(FIXTURE.read_text())
-    p = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    # allow_abbrev=False: our command must spell every flag in full, not lean on prefix matching
+    p = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False, allow_abbrev=False)
     types = {"str": str, "int": int, "float": float}
     for name, f in spec["fields"].items():
         flags = ["--" + name.replace("_", "-"), *f.get("aliases", [])]
