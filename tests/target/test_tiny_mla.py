@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from draftsmith.target.tiny_mla import (
     BOS,
     EOS,
