@@ -164,7 +164,7 @@ def training_batches(tok, examples: list[tuple[str, str, str]], max_len: int = 1
     return ids, masks
 
 
-def train(model, ids, masks, steps: int, batch_size: int = 8, lr: float = 5e-3, seed: int = 0) -> float:
+def train(model, ids, masks, steps: int, batch_size: int = 6, lr: float = 5e-3, seed: int = 0) -> float:
     """Supervised next-token training of ``model`` on the assistant spans (AdamW, cosine decay).
 
     Args:
@@ -207,7 +207,7 @@ def train(model, ids, masks, steps: int, batch_size: int = 8, lr: float = 5e-3, 
     return sum(tail) / len(tail)
 
 
-def make_tiny_mla(cache_dir: Path, steps: int = 80, examples: int = 64, force: bool = False,
+def make_tiny_mla(cache_dir: Path, steps: int = 60, examples: int = 48, force: bool = False,
                   seed: int = 0) -> Path:
     """Write the tiny DeepSeek-V3 checkpoint (idempotent: a current one is kept unless ``force``).
 
