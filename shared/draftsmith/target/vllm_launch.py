@@ -9,8 +9,10 @@ The declaration is narrower than the kernel: ``_get_attn_isa`` in the same file 
 multiple of 32 with its ``vec16`` kernels. This module widens the declaration to ``[16, MultipleOf(32)]`` and then
 runs ``vllm.entrypoints.openai.api_server`` unchanged.
 
-The patch runs at import, so vLLM's engine and worker processes (started with ``spawn``, which re-imports this
-module as ``__mp_main__``) get it too. :class:`draftsmith.target.server.VLLMServerSpec` uses this module only when it
+The patch runs at import, and this module stays ``__main__`` (it calls vLLM's server ``main`` itself), so vLLM's
+engine and worker processes, started with ``spawn``, re-import it as ``__mp_main__`` and get the patch too (the
+first version ran vLLM's module with ``runpy``, which made *that* module ``__main__``, and the workers failed as
+before). :class:`draftsmith.target.server.VLLMServerSpec` uses this module only when it
 serves a drafter on an MLA target; everything else starts vLLM's own entry point.
 
     python -m draftsmith.target.vllm_launch --model DIR --speculative-config '{...}' ...
@@ -18,7 +20,6 @@ serves a drafter on an MLA target; everything else starts vLLM's own entry point
 
 from __future__ import annotations
 
-import runpy
 import sys
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -49,5 +50,9 @@ def allow_block16_cpu_attention() -> bool:
 allow_block16_cpu_attention()
 
 if __name__ == "__main__":
+    # vLLM's own main, called from here so that this module stays ``__main__``: spawned processes re-import the
+    # main module by name, and only then do they run the patch above (runpy would make vLLM's module __main__).
+    from vllm.entrypoints.launchers.api_server.entry import main
+
     sys.argv[0] = API_SERVER
-    runpy.run_module(API_SERVER, run_name="__main__", alter_sys=True)
+    main()
