@@ -1,4 +1,4 @@
-"""A tiny DeepSeek-V3-architecture target (MLA + MoE) with thinking tokens, built on CPU in about a minute.
+"""A tiny DeepSeek-V3-architecture target (MLA + MoE) with thinking tokens, built on CPU in minutes.
 
 The seed's target family (Kimi-K2.5, DeepSeek-V3) differs from the embedded SmolLM2 (Llama) in ways every stage
 meets: multi-head latent attention (MLA: q/kv LoRA ranks, separate rope and nope head dims), mixture-of-experts
@@ -16,7 +16,7 @@ What it builds (``TINY_MLA`` below):
   special tokens and chat template of the DeepSeek-V3.1 fixture (``tests/fixtures/templates/deepseek``). The one
   change to the template: thinking is on unless ``thinking=false`` is passed, as in DeepSeek-R1 / Kimi-K2-Thinking,
   so a plain chat request gets reasoning in ``<think>``...``</think>``.
-- Weights: not random. A short supervised training (``steps`` AdamW steps, about a minute on 2 cores) on GSM8K
+- Weights: not random. A short supervised training (``steps`` AdamW steps, about 5 CPU-seconds per step here) on GSM8K
   train questions whose worked solution is the reasoning and ``The answer is N.`` the answer, so the target's
   greedy outputs are structured text that a drafter can learn (acceptance then means something). It is not a
   distillation of SmolLM2 (a different tokenizer; running SmolLM2 on every prompt would cost minutes).
