@@ -24,6 +24,7 @@ What it builds (``TINY_MLA`` below):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -249,7 +250,9 @@ def make_tiny_mla(cache_dir: Path, steps: int = 60, examples: int = 48, force: b
             loss = train(model, ids, masks, steps, seed=seed)
         model.config.architectures = ["DeepseekV3ForCausalLM"]
         model.save_pretrained(tmp)
-        marker = {"recipe_version": RECIPE_VERSION, "steps": steps, "examples": examples, "seed": seed,
+        digest = hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest()
+        # weights_sha256 is the target revision that features are pinned to (draftsmith.features.plan)
+        marker = {"recipe_version": RECIPE_VERSION, "weights_sha256": digest, "steps": steps, "examples": examples, "seed": seed,
                   "final_train_loss": loss, "built_in_s": round(time.time() - t0, 1),
                   "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
