@@ -111,7 +111,7 @@ test-fast: $(STAMP) redis ## Tests that need no vLLM server and train nothing
 	$(VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 .PHONY: demo
-demo: $(STAMP) redis ## The main job end to end on the embedded default (DEMO_SIZE=small|default, FRESH=1)
+demo: $(STAMP) redis ## The main job end to end on the embedded default (DEMO_SIZE=small|default|mla, FRESH=1)
 	$(VENV)/bin/draftsmith demo --run $(RUN) --size $(DEMO_SIZE) $(if $(FRESH),--fresh,)
 
 .PHONY: bench

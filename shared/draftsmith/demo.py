@@ -40,6 +40,7 @@ class DemoSize:
     pools: dict[str, int]
     config: dict[str, Any]
     workers: int = 2
+    target: str = "embedded"  # embedded (SmolLM2) | tiny-mla (draftsmith.target.tiny_mla, docs/mla.md)
 
 
 SIZES: dict[str, DemoSize] = {
@@ -73,6 +74,24 @@ SIZES: dict[str, DemoSize] = {
                      "concurrency": 4, "k": 3},
         },
         workers=4,
+    ),
+    # the seed's target family: a tiny DeepSeek-V3 (MLA + MoE, thinking tokens) through every stage (docs/mla.md)
+    "mla": DemoSize(
+        name="mla",
+        pools={"gsm8k_train.jsonl": 32},
+        config={
+            "target": {"enforce_eager": True, "max_model_len": 1024, "kv_cache_gib": 1,
+                       "extra_args": ["--reasoning-parser", "deepseek_r1"]},
+            "generation": {"max_tokens": 256, "batch_size": 16, "concurrency": 32},
+            # a turn cut inside <think> never generated </think>, which the template renders: drop cut turns
+            "data": {"max_length": 512, "draft_vocab_size": 1024, "require_reasoning": True,
+                     "truncated_answers": "drop", "max_drop_rate": 0.5},
+            "train": {"draft_vocab_size": 1024, "epochs": 6, "lr": 2e-3, "batch_size": 8, "batch_tokens": 4096,
+                      "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
+            "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},
+        },
+        workers=2,
+        target="tiny-mla",
     ),
 }
 
@@ -118,6 +137,8 @@ class Demo:
         cfg = {"runs_dir": str(Path(self.s.runs_dir).resolve()), "run": self.s.run,
                "redis": {"prefix": self.s.redis.prefix}, **self.size.config}
         cfg["target"] = {"cache_dir": str(self.s.target.cache_dir), **self.size.config.get("target", {})}
+        if self.size.target != "embedded":
+            cfg["target"]["path"] = str(self.target_dir())
         atomic_write_text(self.config_file, yaml.safe_dump(cfg, sort_keys=False))
 
     # ---- running commands
@@ -182,17 +203,25 @@ class Demo:
         return ""
 
     # ---- stages
+    def target_dir(self) -> Path:
+        """The demo's target checkpoint folder (the embedded SmolLM2, or the tiny MLA target)."""
+        from draftsmith.target.embedded import embedded_dir
+        from draftsmith.target.tiny_mla import tiny_mla_dir
+
+        cache = self.s.target.cache_dir
+        return tiny_mla_dir(cache) if self.size.target == "tiny-mla" else embedded_dir(cache)
+
     def stage_prepare(self) -> None:
-        self.run_cmd("prepare", ["target", "prepare"])
+        self.run_cmd("prepare", ["target", "make-tiny-mla" if self.size.target == "tiny-mla" else "prepare"])
 
     def start_server(self) -> None:
-        from draftsmith.target.embedded import embedded_dir
         from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
 
         t = self.settings().target
-        spec = VLLMServerSpec(model=embedded_dir(t.cache_dir), served_name="SmolLM2-135M-Instruct",
-                              port=free_port(), dtype=t.dtype, max_model_len=t.max_model_len,
-                              kv_cache_gib=t.kv_cache_gib, enforce_eager=t.enforce_eager)
+        model = self.target_dir()
+        spec = VLLMServerSpec(model=model, served_name=model.name, port=free_port(), dtype=t.dtype,
+                              max_model_len=t.max_model_len, kv_cache_gib=t.kv_cache_gib,
+                              enforce_eager=t.enforce_eager, extra_args=list(t.extra_args))
         self.server = VLLMServer(spec, self.paths.logs / "vllm-target.log")
         self.server.start(timeout_s=t.startup_timeout_s)
         self.url = self.server.url

@@ -10,7 +10,9 @@ from draftsmith.cli import app, settings
 @app.command()
 def demo(
     run: str = typer.Option("demo", "--run", help="Run name (everything under runs/<run>/)."),
-    size: str = typer.Option("default", "--size", help="small (CI, < 10 min) or default (< 45 min)."),
+    size: str = typer.Option(
+        "default", "--size", help="small (CI, < 10 min), default (< 45 min) or mla (the tiny MLA target, docs/mla.md)."
+    ),
     fresh: bool = typer.Option(False, "--fresh", help="Delete the run and start over."),
 ) -> None:
     """Prepare and serve SmolLM2 on vLLM CPU, regenerate the bundled prompts, build data, extract, train,

@@ -42,6 +42,19 @@ def prepare(force: bool = typer.Option(False, "--force", help="Rebuild even if p
     typer.echo(str(prepare_embedded(s.target.cache_dir, force=force)))
 
 
+@target_app.command("make-tiny-mla")
+def make_tiny_mla_cmd(
+    steps: int = typer.Option(60, "--steps", min=0, help="Training steps (0 = random weights, shapes only)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even if a current checkpoint exists."),
+) -> None:
+    """Build a tiny DeepSeek-V3-architecture target (MLA + MoE, thinking tokens) in the cache (docs/mla.md);
+    prints its folder. Serve it with `target.path` set to that folder."""
+    from draftsmith.target.tiny_mla import make_tiny_mla
+
+    s = settings()
+    typer.echo(str(make_tiny_mla(s.target.cache_dir, steps=steps, force=force)))
+
+
 @target_app.command("serve")
 def serve(
     port: int = typer.Option(None, "--port", help="target.port"),

@@ -105,6 +105,25 @@ def read_target_config(target_path: Path | str) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def is_mla(text_config: dict[str, Any]) -> bool:
+    """True for a multi-head-latent-attention target (DeepSeek-V2/V3, Kimi-K2): its config has ``kv_lora_rank``."""
+    return text_config.get("kv_lora_rank") is not None
+
+
+def attention_head_dim(text_config: dict[str, Any]) -> int:
+    """Head width of the drafter's (Llama) attention for a target config.
+
+    Llama-like targets: ``head_dim``, else ``hidden_size // num_attention_heads``. MLA targets: ``v_head_dim``
+    (DeepSeek-V3 and Kimi-K2: 128, equal to ``qk_nope_head_dim``), because an MLA config's ``head_dim`` is
+    transformers' alias of ``qk_rope_head_dim`` (64, the rotary part only) and the original DeepSeek-V3 config has
+    none (``hidden // heads`` would give 56). The public Kimi-K2.5 EAGLE-3 drafter (k-l-lambda/Kimi-K2.5-Eagle3,
+    ``config.json``: ``head_dim`` 128, 64 heads, 64 kv heads) uses the same rule; docs/mla.md compares the fields.
+    """
+    if is_mla(text_config):
+        return int(text_config.get("v_head_dim") or text_config["qk_nope_head_dim"])
+    return int(text_config.get("head_dim") or int(text_config["hidden_size"]) // int(text_config["num_attention_heads"]))
+
+
 def derive_config(
     target_path: Path | str,
     draft_vocab_size: int,
@@ -138,6 +157,7 @@ def derive_config(
     if any(i < 0 or i >= n_layers - 1 for i in ids):
         raise ModelError(f"aux layer ids {ids} are outside 0..{n_layers}", "pick ids of existing target layers")
     heads = int(text["num_attention_heads"])
+    head_dim = attention_head_dim(text)
     rope = text.get("rope_parameters")
     if rope is None:  # transformers < 5 layout
         rope = dict(text.get("rope_scaling") or {})
@@ -150,7 +170,7 @@ def derive_config(
         intermediate_size=int(text.get("intermediate_size", 4 * int(text["hidden_size"]))),
         num_attention_heads=heads,
         num_key_value_heads=int(text.get("num_key_value_heads", heads)),
-        head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
+        head_dim=head_dim,
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=int(text["max_position_embeddings"]),
         vocab_size=int(text["vocab_size"]),

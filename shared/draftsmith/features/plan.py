@@ -49,11 +49,16 @@ def tokenizer_sha256(model_dir: Path, chat_template: str | None = None) -> str:
 
 
 def target_revision(model_dir: Path) -> str:
-    """A revision string for the target: the prepared marker's GGUF hash, a hub commit, or config.json's hash."""
+    """A revision string for the target: the prepared marker's GGUF or weights hash (embedded and tiny MLA
+    targets), a hub commit, or config.json's hash."""
     d = Path(model_dir)
     marker = d / "draftsmith-prepared.json"
     if marker.is_file():
-        return "gguf-sha256:" + json.loads(marker.read_text())["gguf_sha256"]
+        m = json.loads(marker.read_text())
+        if m.get("gguf_sha256"):
+            return "gguf-sha256:" + m["gguf_sha256"]
+        if m.get("weights_sha256"):
+            return "weights-sha256:" + m["weights_sha256"]
     cfg = json.loads((d / "config.json").read_text())
     if cfg.get("_commit_hash"):
         return str(cfg["_commit_hash"])

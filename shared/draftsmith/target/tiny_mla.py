@@ -1,0 +1,265 @@
+"""A tiny DeepSeek-V3-architecture target (MLA + MoE) with thinking tokens, built on CPU in minutes.
+
+The seed's target family (Kimi-K2.5, DeepSeek-V3) differs from the embedded SmolLM2 (Llama) in ways every stage
+meets: multi-head latent attention (MLA: q/kv LoRA ranks, separate rope and nope head dims), mixture-of-experts
+layers after a dense first layer, a chat template with ``<think>`` reasoning, and a config whose ``head_dim`` is the
+rope part only. This module writes such a checkpoint so the whole pipeline runs on it here (docs/mla.md).
+
+What it builds (``TINY_MLA`` below):
+
+- ``DeepseekV3ForCausalLM``: 8 layers, hidden 256, 4 heads; MLA with ``q_lora_rank`` 128, ``kv_lora_rank`` 512,
+  ``qk_rope_head_dim`` 64, ``qk_nope_head_dim`` 32, ``v_head_dim`` 32; layer 0 dense, layers 1-7 MoE with 4 routed
+  experts (2 per token) plus 1 shared expert. ``kv_lora_rank`` 512 and ``qk_rope_head_dim`` 64 are DeepSeek-V3's own
+  values and are required: vLLM's CPU MLA decode kernel only supports a 576-wide latent cache (512 + 64)
+  (``vllm/v1/attention/backends/mla/cpu_mla.py``).
+- Tokenizer: a byte-level BPE (2,048 entries) trained with ``tokenizers`` on the bundled prompt files, with the
+  special tokens and chat template of the DeepSeek-V3.1 fixture (``tests/fixtures/templates/deepseek``). The one
+  change to the template: thinking is on unless ``thinking=false`` is passed, as in DeepSeek-R1 / Kimi-K2-Thinking,
+  so a plain chat request gets reasoning in ``<think>``...``</think>``.
+- Weights: not random. A short supervised training (``steps`` AdamW steps, about 5 CPU-seconds per step here) on GSM8K
+  train questions whose worked solution is the reasoning and ``The answer is N.`` the answer, so the target's
+  greedy outputs are structured text that a drafter can learn (acceptance then means something). It is not a
+  distillation of SmolLM2 (a different tokenizer; running SmolLM2 on every prompt would cost minutes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+from draftsmith.errors import ModelError
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
+
+TINY_MLA_NAME = "tiny-mla-deepseek-v3"
+DONE_MARKER = "draftsmith-prepared.json"
+REPO = Path(__file__).resolve().parents[3]
+FIXTURE = REPO / "tests" / "fixtures" / "templates" / "deepseek"
+PROMPTS = REPO / "data" / "prompts"
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
+VOCAB_SIZE = 2048
+# Bumped whenever the recipe changes, so a cached checkpoint from an older recipe is rebuilt.
+RECIPE_VERSION = 1
+
+TINY_MLA = dict(
+    vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+    num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=4,
+    q_lora_rank=128, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+    n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
+    first_k_dense_replace=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+    max_position_embeddings=2048, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    num_nextn_predict_layers=0,
+    # DeepSeek-V3's router: sigmoid scores with a correction bias (vLLM creates the bias only for "noaux_tc")
+    topk_method="noaux_tc", scoring_func="sigmoid",
+)
+
+_CALC = re.compile(r"<<[^>]*>>")
+
+
+def tiny_mla_dir(cache_dir: Path) -> Path:
+    """Folder the tiny MLA checkpoint is written into (``<cache>/models/tiny-mla-deepseek-v3``)."""
+    return Path(cache_dir).expanduser() / "models" / TINY_MLA_NAME
+
+
+def is_current(path: Path, **recipe) -> bool:
+    """True when ``path`` holds a complete checkpoint of the current recipe (and of ``recipe``'s values)."""
+    f = Path(path) / DONE_MARKER
+    if not f.is_file():
+        return False
+    try:
+        marker = json.loads(f.read_text())
+    except json.JSONDecodeError:
+        return False
+    return marker.get("recipe_version") == RECIPE_VERSION and all(marker.get(k) == v for k, v in recipe.items())
+
+
+def gsm8k_examples(limit: int) -> list[tuple[str, str, str]]:
+    """(question, reasoning, answer) triples from ``data/prompts/gsm8k_train.jsonl``.
+
+    The reasoning is the worked solution without its ``<<calc>>`` annotations; the answer is ``The answer is N.``.
+
+    Raises:
+        ModelError: the bundled prompt file is missing.
+    """
+    path = PROMPTS / "gsm8k_train.jsonl"
+    if not path.is_file():
+        raise ModelError(f"{path} is missing", "run from a full checkout of the repository (data/ is part of it)")
+    out = []
+    for line in path.read_text().splitlines()[:limit]:
+        row = json.loads(line)
+        work, _, final = row["answer"].rpartition("####")
+        out.append((row["question"].strip(), _CALC.sub("", work).strip(), f"The answer is {final.strip()}."))
+    return out
+
+
+def chat_template() -> str:
+    """The DeepSeek fixture's chat template with thinking on by default (off only with ``thinking=false``)."""
+    src = (FIXTURE / "chat_template.jinja").read_text()
+    old = "{%- if thinking is defined and thinking %}{{- '<think>' }}{%- else %}{{- '</think>' }}{%- endif %}"
+    new = "{%- if thinking is defined and not thinking %}{{- '</think>' }}{%- else %}{{- '<think>' }}{%- endif %}"
+    if old not in src:
+        raise ModelError(f"{FIXTURE / 'chat_template.jinja'} changed", "update draftsmith.target.tiny_mla")
+    return src.replace(old, new)
+
+
+def build_tokenizer(out: Path):
+    """Train the byte-level BPE and write ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``.
+
+    The pre-tokenizer splits like Qwen2/Llama-3 (as the fixture tokenizers do); specials are the DeepSeek ones.
+
+    Returns:
+        The loaded ``PreTrainedTokenizerFast``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer
+
+    split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+             r"|\s+(?!\S)|\s+")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = []
+    for f in sorted(PROMPTS.glob("*.jsonl")):
+        corpus += f.read_text().splitlines()
+    tok.train_from_iterator(corpus, trainer)
+    if tok.get_vocab_size() > VOCAB_SIZE:
+        raise ModelError(f"tokenizer has {tok.get_vocab_size()} entries, more than {VOCAB_SIZE}")
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS, "pad_token": EOS,
+           "model_max_length": TINY_MLA["max_position_embeddings"], "add_bos_token": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    (out / "chat_template.jinja").write_text(chat_template())
+    return AutoTokenizer.from_pretrained(out)
+
+
+def training_batches(tok, examples: list[tuple[str, str, str]], max_len: int = 192):
+    """Token ids and loss masks (assistant span only) of the rendered examples; longer ones are left out.
+
+    Returns:
+        ``(ids, mask)``: lists of equal-length lists; ``mask[i][t]`` is 1 where token ``t`` is assistant output.
+    """
+    ids, masks = [], []
+    for q, r, a in examples:
+        user = [{"role": "user", "content": q}]
+        prompt = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+        full = tok.apply_chat_template(user + [{"role": "assistant", "content": a, "reasoning_content": r}],
+                                       tokenize=False, thinking=True)
+        if not full.startswith(prompt):
+            raise ModelError("the tiny MLA chat template renders the prompt differently in the full conversation")
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        f = tok(full, add_special_tokens=False)["input_ids"]
+        if len(f) > max_len:
+            continue
+        ids.append(f)
+        masks.append([0] * len(p) + [1] * (len(f) - len(p)))
+    return ids, masks
+
+
+def train(model, ids, masks, steps: int, batch_size: int = 6, lr: float = 5e-3, seed: int = 0) -> float:
+    """Supervised next-token training of ``model`` on the assistant spans (AdamW, cosine decay).
+
+    Args:
+        model: a transformers causal LM (fp32, CPU).
+        ids, masks: from :func:`training_batches`.
+        steps: optimizer steps.
+
+    Returns:
+        The mean loss of the last 10 steps (nats per token).
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    pad = model.config.eos_token_id or 0
+    model.train()
+    losses = []
+    for step in range(steps):
+        pick = torch.randint(len(ids), (batch_size,), generator=g).tolist()
+        n = max(len(ids[i]) for i in pick)
+        x = torch.full((batch_size, n), pad, dtype=torch.long)
+        y = torch.full((batch_size, n), -100, dtype=torch.long)
+        for row, i in enumerate(pick):
+            t = torch.tensor(ids[i])
+            m = torch.tensor(masks[i], dtype=torch.bool)
+            x[row, : len(t)] = t
+            y[row, : len(t)] = torch.where(m, t, torch.full_like(t, -100))
+        loss = model(input_ids=x, labels=y).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss))
+        if step % 20 == 0 or step == steps - 1:
+            log.info("tiny MLA training step %d/%d loss %.3f", step + 1, steps, losses[-1])
+    model.eval()
+    tail = losses[-10:]
+    return sum(tail) / len(tail)
+
+
+def make_tiny_mla(cache_dir: Path, steps: int = 60, examples: int = 48, force: bool = False,
+                  seed: int = 0) -> Path:
+    """Write the tiny DeepSeek-V3 checkpoint (idempotent: a current one is kept unless ``force``).
+
+    The folder is written under a temporary name and renamed, so an interrupted run leaves no half checkpoint.
+
+    Args:
+        cache_dir: cache root (``target.cache_dir``); the folder is :func:`tiny_mla_dir`.
+        steps: training steps (0 = random weights, for tests of shapes only).
+        examples: GSM8K train rows to train on.
+        force: rebuild even if a current checkpoint exists.
+        seed: seed of the weights and of the batch order.
+
+    Returns:
+        The checkpoint folder (config.json, model.safetensors, tokenizer files, chat_template.jinja).
+
+    Raises:
+        ModelError: the bundled data or the fixture template is missing.
+    """
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    out = tiny_mla_dir(cache_dir)
+    if is_current(out, steps=steps, examples=examples, seed=seed) and not force:
+        log.info("tiny MLA target already built at %s", out)
+        return out
+    t0 = time.time()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        tok = build_tokenizer(tmp)
+        torch.manual_seed(seed)
+        cfg = DeepseekV3Config(**TINY_MLA, bos_token_id=tok.convert_tokens_to_ids(BOS),
+                               eos_token_id=tok.convert_tokens_to_ids(EOS), pad_token_id=tok.convert_tokens_to_ids(EOS))
+        model = DeepseekV3ForCausalLM(cfg).float()
+        loss = None
+        if steps > 0:
+            ids, masks = training_batches(tok, gsm8k_examples(examples))
+            loss = train(model, ids, masks, steps, seed=seed)
+        model.config.architectures = ["DeepseekV3ForCausalLM"]
+        model.save_pretrained(tmp)
+        digest = hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest()
+        # weights_sha256 is the target revision that features are pinned to (draftsmith.features.plan)
+        marker = {"recipe_version": RECIPE_VERSION, "weights_sha256": digest, "steps": steps, "examples": examples, "seed": seed,
+                  "final_train_loss": loss, "built_in_s": round(time.time() - t0, 1),
+                  "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log.info("tiny MLA target built at %s in %.0f s (loss %s)", out, time.time() - t0, loss)
+    return out

@@ -1,0 +1,83 @@
+"""The tiny DeepSeek-V3 (MLA + MoE) target builder: shapes, tokenizer and template, idempotence, atomic writes.
+
+Built with ``steps=0`` (random weights) where only shapes matter; the trained target goes through every stage in
+``tests/test_mla_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from draftsmith.target.tiny_mla import (
+    BOS,
+    EOS,
+    TINY_MLA_NAME,
+    gsm8k_examples,
+    is_current,
+    make_tiny_mla,
+    training_batches,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    return cache, make_tiny_mla(cache, steps=0)
+
+
+def test_checkpoint_is_a_deepseek_v3_mla_moe(tiny):
+    _, path = tiny
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == ["DeepseekV3ForCausalLM"] and cfg["model_type"] == "deepseek_v3"
+    # the only latent width vLLM's CPU MLA decode kernel takes: kv_lora_rank + qk_rope_head_dim = 576
+    assert cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] == 576
+    assert cfg["q_lora_rank"] == 128 and cfg["qk_nope_head_dim"] == cfg["v_head_dim"] == 32
+    assert cfg["first_k_dense_replace"] == 1 and cfg["n_routed_experts"] == 4 and cfg["n_shared_experts"] == 1
+    assert cfg["topk_method"] == "noaux_tc"  # else vLLM has no e_score_correction_bias to load into
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.layers.0.mlp.gate_proj.weight" in keys  # dense first layer
+    assert "model.layers.1.mlp.experts.gate_up_proj" in keys or any(k.startswith("model.layers.1.mlp.experts.")
+                                                                     for k in keys)
+    assert "model.layers.1.mlp.shared_experts.gate_proj.weight" in keys
+    assert "model.layers.1.mlp.gate.e_score_correction_bias" in keys
+    assert "model.layers.2.self_attn.kv_a_proj_with_mqa.weight" in keys
+    assert not (path.parent / (TINY_MLA_NAME + ".tmp")).exists()
+
+
+def test_tokenizer_has_single_thinking_tokens_and_thinks_by_default(tiny):
+    from transformers import AutoTokenizer
+
+    _, path = tiny
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.bos_token == BOS and tok.eos_token == EOS and len(tok) <= 2048
+    for t in ("<think>", "</think>", "<｜User｜>", "<｜Assistant｜>"):
+        assert len(tok(t, add_special_tokens=False)["input_ids"]) == 1, t
+    user = [{"role": "user", "content": "What is 2+3?"}]
+    assert tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True).endswith("<｜Assistant｜><think>")
+    off = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True, thinking=False)
+    assert off.endswith("<｜Assistant｜></think>")
+
+
+def test_training_examples_supervise_reasoning_and_answer(tiny):
+    from transformers import AutoTokenizer
+
+    _, path = tiny
+    tok = AutoTokenizer.from_pretrained(path)
+    ex = gsm8k_examples(4)
+    assert ex[0][2] == "The answer is 72." and "<<" not in ex[0][1]
+    ids, masks = training_batches(tok, ex)
+    assert len(ids) >= 1 and all(len(i) == len(m) for i, m in zip(ids, masks, strict=True))
+    text = tok.decode([t for t, m in zip(ids[0], masks[0], strict=True) if m], skip_special_tokens=False)
+    assert text.startswith(ex[0][1][:20]) and text.endswith("</think>The answer is 72.<｜end▁of▁sentence｜>")
+
+
+def test_rebuilt_only_when_the_recipe_changes(tiny):
+    cache, path = tiny
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert make_tiny_mla(cache, steps=0) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    assert is_current(path, steps=0) and not is_current(path, steps=80)
