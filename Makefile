@@ -106,6 +106,12 @@ test: $(STAMP) redis ## Every test, slow and end-to-end ones included (real Redi
 	$(VENV)/bin/draftsmith target prepare
 	$(VENV)/bin/python -m pytest -v -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
 
+.PHONY: test-stack
+test-stack: $(STAMP) redis ## The Compose stack drill on podman (installs podman; ~20 min cold; not in `make test` yet)
+	@bash scripts/ci-system-deps.sh
+	@scripts/podman-host.sh start
+	$(VENV)/bin/python -m pytest -v -p no:cacheprovider tests/stack/stack_cpu_drill.py $(PYTEST_ARGS)
+
 .PHONY: test-fast
 test-fast: $(STAMP) redis ## Tests that need no vLLM server and train nothing
 	$(VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

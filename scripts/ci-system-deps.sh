@@ -1,17 +1,11 @@
 #!/usr/bin/env bash
 # System packages the tests need beyond the virtualenv; idempotent (installs only what is missing).
 #   prometheus      - the live dashboard test starts a real Prometheus (tests/stack/test_live_prometheus.py)
-#   docker-compose  - validates compose.yaml offline (`docker-compose config -q`; no Docker engine needed) and drives
-#                     the stack test (tests/stack/test_stack_cpu.py)
-#   podman, runc, mmdebstrap - the stack test's container engine and local base images where no Docker engine
-#                     answers (scripts/podman-host.sh configures and starts it; scripts/local-images.sh)
+#   docker-compose  - validates compose.yaml offline (`docker-compose config -q`; no Docker engine needed)
 set -euo pipefail
 need=()
 command -v prometheus > /dev/null || need+=(prometheus)
 command -v docker-compose > /dev/null || docker compose version > /dev/null 2>&1 || need+=(docker-compose)
-if ! timeout 10 docker info > /dev/null 2>&1; then
-  for cmd in podman runc mmdebstrap; do command -v "$cmd" > /dev/null || need+=("$cmd"); done
-fi
 if (( ${#need[@]} == 0 )); then
   echo "system deps present"
   exit 0

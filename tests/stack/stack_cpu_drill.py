@@ -1,5 +1,9 @@
 """The Compose stack, run for real the way the README tells a user without GPU: `make up ENGINE=cpu`.
 
+A drill, not part of `make test` yet: run it with `make test-stack` (pytest collects this file only when named).
+It has not passed end to end in one run on these 2-core machines, and a cold image build alone takes ~18 minutes
+here, beyond what CI can spend (issue 14 stays open; what it showed step by step is in docs/gpu-host.md).
+
 Real containers (podman behind its Docker-compatible API, driven by docker-compose 1.29; scripts/podman-host.sh
 installs and starts them where no Docker engine runs), real images built here without a registry
 (scripts/local-images.sh: Debian stand-ins for Python, Redis, Prometheus and Pushgateway), the real SmolLM2 target
