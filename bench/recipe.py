@@ -112,7 +112,7 @@ def table(results: list[dict[str, Any]]) -> str:
         per = " / ".join(f"{sets[k]:.2f}" for k in ("mt_bench", "gsm8k", "humaneval", "alpaca") if k in sets)
         delta = f"{vl - bl:+.3f}" if vl is not None and bl is not None else "-"
         lines.append(f"| {r['name']} | {r['train_s']:.0f} | {r.get('steps')} | {h.get('accept_len', 0):.3f} | {acc} "
-                     f"| {vl if vl is None else f'{vl:.3f}'} | {delta} | {per} |")
+                     f"| {'-' if vl is None else f'{vl:.3f}'} | {delta} | {per or '-'} |")
     return "\n".join(lines)
 
 
