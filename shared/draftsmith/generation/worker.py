@@ -115,7 +115,9 @@ class DraftsmithWorker(Worker):
         flag = self.connection.getdel(self._disk_full_key)  # set by the work-horse (see handle_exception)
         if flag:
             self.disk_full = flag.decode()
-            log.error("job %s stopped on a full disk; this worker stops taking work", job.id)
+            requeue_at_front(queue, job)
+            log.error("job %s stopped on a full disk; this worker stops taking work (the job is back at the front "
+                      "of the queue)", job.id)
             self._stop_requested = True
 
     @property
@@ -144,6 +146,18 @@ class DraftsmithWorker(Worker):
         if self.disk_full:
             raise SystemExit(DISK_FULL_EXIT)
         return result
+
+
+def requeue_at_front(queue, job) -> None:
+    """Put ``job`` back at the front of ``queue`` wherever rq moved it after the failure (a retry scheduled for
+    later, the failed registry, or the back of the queue): a full disk is not the job's fault, so the next worker
+    that starts runs it first instead of waiting for a retry delay (a burst worker would otherwise quit before it)."""
+    from rq.registry import FailedJobRegistry, ScheduledJobRegistry
+
+    for registry in (ScheduledJobRegistry(queue=queue), FailedJobRegistry(queue=queue)):
+        registry.remove(job)
+    queue.remove(job)
+    queue.enqueue_job(job, at_front=True)
 
 
 def check_job_disk(job) -> None:
