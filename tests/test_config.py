@@ -20,7 +20,7 @@ def test_precedence_file_env_flags(tmp_path, monkeypatch):
     assert s.run == "from-file"
     assert s.generation.concurrency == 9  # env beats the file
     assert s.generation.max_tokens == 13  # flags beat both
-    assert s.generation.batch_size == 16  # None flags are ignored: the default stays
+    assert s.generation.batch_size == 64  # None flags are ignored: the default stays
 
 
 def test_unknown_keys_are_rejected_everywhere(tmp_path, monkeypatch):

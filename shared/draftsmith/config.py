@@ -113,7 +113,9 @@ class GenerationConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     seed: int | None = Field(0, description="Per-request sampling seed; None lets the server pick.")
     concurrency: int = Field(128, ge=1, description="In-flight request cap shared by all workers (the seed: 128).")
-    batch_size: int = Field(16, ge=1, description="Prompts per rq job (one record shard per job).")
+    batch_size: int = Field(64, ge=1, description=(
+        "Prompts per rq job (one record shard per job). Each job pays a fixed cost (a forked work-horse, an HTTP "
+        "client); 64 keeps it small against a fast server (docs/benchmarks.md, generation_scale)."))
     request_timeout_s: float = Field(3600.0, gt=0, description="Client timeout of one request, in seconds.")
     connect_timeout_s: float = Field(10.0, gt=0, description="Client connect timeout, in seconds.")
     max_retries: int = Field(5, ge=0, description="Retries of one request on resets, timeouts, 5xx and 429.")

@@ -34,7 +34,7 @@ def worker(
     queues: str = typer.Option("generate", "--queues", "-q", help="Comma-separated stages: generate, extract."),
     processes: int = typer.Option(None, "--processes", "-p", min=1,
                                   help="rq worker processes (default: enough to reach the in-flight cap, "
-                                  "ceil(generation.concurrency / generation.batch_size), for the generate queue)."),
+                                  "ceil(generation.concurrency / generation.batch_size) + 1, for the generate queue)."),
     concurrency: int = typer.Option(None, "--concurrency", "-c", min=1,
                                     help="In-flight request cap shared by all workers (generation.concurrency)."),
     burst: bool = typer.Option(False, "--burst", help="Exit when the queues are empty."),

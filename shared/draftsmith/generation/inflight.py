@@ -33,6 +33,24 @@ end
 return 0
 """
 
+# One round trip for a batch of lease traffic: return the released leases (ARGV[5..4+n_release]), then grant as many
+# of the wanted ones (the rest of ARGV) as the cap allows. Returns how many were granted (the first ones).
+_EXCHANGE = """
+local key, cap_key = KEYS[1], KEYS[2]
+local now, expiry, default_cap, n_release = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 5, 4 + n_release do redis.call('ZREM', key, ARGV[i]) end
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local cap = tonumber(redis.call('GET', cap_key) or default_cap)
+local free = cap - redis.call('ZCARD', key)
+local granted = 0
+for i = 5 + n_release, #ARGV do
+  if granted >= free then break end
+  redis.call('ZADD', key, expiry, ARGV[i])
+  granted = granted + 1
+end
+return granted
+"""
+
 DEFAULT_LEASE_S = 30.0
 
 
@@ -60,7 +78,9 @@ class InflightCap:
         self.default_cap = default_cap
         self.lease_s = lease_s if lease_s and lease_s > 0 else DEFAULT_LEASE_S
         self._acquire = client.register_script(_ACQUIRE)
+        self._exchange = client.register_script(_EXCHANGE)
         self._held: set[str] = set()
+        self._waiting: asyncio.Lock | None = None
 
     def set_cap(self, cap: int) -> None:
         """Set the cap every job of this stage reads (a worker pool serving the stage calls this at start)."""
@@ -82,12 +102,44 @@ class InflightCap:
         return None
 
     async def acquire(self, poll_s: float = 0.02) -> str:
-        """Wait for a lease (polls; the Redis round trip is far below a generation's latency)."""
-        while True:
-            token = await asyncio.to_thread(self.try_acquire)
-            if token:
-                return token
-            await asyncio.sleep(poll_s)
+        """Wait for a lease.
+
+        The first try is one Redis round trip on the event loop (no thread hop: against a fast server the hop cost
+        more than the request, issue 13). While the cap is full, one coroutine per :class:`InflightCap` object polls
+        every ``poll_s`` seconds and the others wait behind it, so a job with 64 waiting requests makes 50 Redis
+        calls a second, not 3,200.
+
+        Raises:
+            redis.RedisError: Redis does not answer.
+        """
+        token = self.try_acquire()
+        if token:
+            return token
+        if self._waiting is None:
+            self._waiting = asyncio.Lock()
+        async with self._waiting:
+            while True:
+                token = self.try_acquire()
+                if token:
+                    return token
+                await asyncio.sleep(poll_s)
+
+    def exchange(self, release: list[str], want: int) -> list[str]:
+        """Return the leases ``release`` and take up to ``want`` new ones, in one Redis round trip; returns the
+        tokens granted (fewer than ``want`` when the cap is reached).
+
+        Raises:
+            redis.RedisError: Redis does not answer (nothing was granted; ``release`` was not returned).
+        """
+        tokens = [f"{owner_id()}:{uuid.uuid4().hex}" for _ in range(max(0, want))]
+        now = time.time()
+        n = int(self._exchange(keys=[self.key, self.cap_key],
+                               args=[now, now + self.lease_s, self.default_cap, len(release), *release, *tokens]))
+        for tok in release:
+            self._held.discard(tok)
+        granted = tokens[:n]
+        self._held.update(granted)
+        return granted
 
     def release(self, token: str) -> None:
         """Return a lease."""
@@ -126,3 +178,95 @@ class InflightCap:
         """Live leases now (all workers)."""
         self.client.zremrangebyscore(self.key, "-inf", time.time())
         return int(self.client.zcard(self.key))
+
+
+class LeaseBroker:
+    """One job's door to the in-flight cap: its requests' lease traffic, batched into one Redis round trip per tick.
+
+    A request awaits :meth:`acquire` and calls :meth:`release` (no I/O) when its attempt ends. A single task takes
+    every release and every waiting request gathered since its last round trip to Redis and settles them with
+    :meth:`InflightCap.exchange`; when the cap is full it polls every ``poll_s`` seconds. Against a fast server
+    this replaces two round trips per request (issue 13: they cost the pool more than the request itself) by one per
+    tick, and the event loop never waits on Redis. The cap, the leases, their owners and their renewal are
+    :class:`InflightCap`'s, unchanged.
+
+    Raises (from :meth:`acquire`):
+        redis.RedisError: Redis did not answer; every waiting request gets the error, as a direct call would.
+    """
+
+    def __init__(self, cap: InflightCap, poll_s: float = 0.02) -> None:
+        self.cap, self.poll_s = cap, poll_s
+        self._waiters: list[asyncio.Future] = []
+        self._releases: list[str] = []
+        self._sending: list[str] = []  # releases of the exchange in progress
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    async def acquire(self) -> str:
+        """Wait for a lease; returns its token."""
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._settle())
+        fut = loop.create_future()
+        self._waiters.append(fut)
+        self._wake.set()
+        return await fut
+
+    def release(self, token: str) -> None:
+        """Give a lease back (sent with the next round trip)."""
+        self._releases.append(token)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def aclose(self) -> None:
+        """Stop the settling task and return every lease still held (call it when the job's requests are over)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        # the job is over: return every lease it still holds, and those of a cancelled exchange, which may never
+        # have run (still queued for a thread); ZREM of a lease already returned does nothing
+        rel = sorted(set(self._sending) | set(self._releases) | set(self.cap._held))
+        self._releases, self._sending = [], []
+        if rel:
+            try:
+                await asyncio.to_thread(self.cap.exchange, rel, 0)
+            except redis.RedisError:
+                pass  # the leases expire by themselves within lease_s
+
+    async def _settle(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self._waiters = [f for f in self._waiters if not f.done()]  # cancelled requests
+            rel, self._releases = self._releases, []
+            want = len(self._waiters)
+            if not rel and not want:
+                continue
+            self._sending = rel
+            try:
+                granted = await asyncio.to_thread(self.cap.exchange, rel, want)
+            except redis.RedisError as e:
+                self._sending = []
+                self._releases = rel + self._releases
+                waiters, self._waiters = self._waiters, []
+                for f in waiters:
+                    if not f.done():
+                        f.set_exception(e)
+                await asyncio.sleep(self.poll_s)
+                continue
+            self._sending = []
+            for tok in granted:
+                while self._waiters and self._waiters[0].done():
+                    self._waiters.pop(0)
+                if self._waiters:
+                    self._waiters.pop(0).set_result(tok)
+                else:
+                    self._releases.append(tok)  # its request went away meanwhile
+            if self._waiters or self._releases:
+                if len(granted) < want:
+                    await asyncio.sleep(self.poll_s)  # the cap is full: poll
+                self._wake.set()

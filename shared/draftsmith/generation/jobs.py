@@ -20,8 +20,8 @@ from typing import Any
 from draftsmith.config import Settings, secret_value
 from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.client import ChatClient, ChatError
-from draftsmith.generation.inflight import InflightCap
-from draftsmith.generation.progress import ProgressBoard
+from draftsmith.generation.inflight import InflightCap, LeaseBroker
+from draftsmith.generation.progress import ProgressBoard, ProgressTally
 from draftsmith.generation.runcache import done_index, prompt_index
 from draftsmith.generation.store import RECORD_SCHEMA, write_shard
 from draftsmith.log import get_logger
@@ -45,7 +45,7 @@ def sampling_params(s: Settings) -> dict[str, Any]:
     return body
 
 
-async def _answer(prompt: dict[str, Any], client: ChatClient, cap: InflightCap, board: ProgressBoard,
+async def _answer(prompt: dict[str, Any], client: ChatClient, cap: LeaseBroker, board: ProgressTally,
                   s: Settings, run: str) -> dict[str, Any] | None:
     """Regenerate every assistant turn of one prompt; None when a transient error outlived the retries."""
     from draftsmith import metrics as M
@@ -65,7 +65,7 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: InflightCap, 
     async def after() -> None:
         M.GEN_INFLIGHT.labels(run).dec()
         if token:
-            await asyncio.to_thread(cap.release, token.pop())
+            cap.release(token.pop())
 
     for msg in prompt["messages"]:
         messages.append(dict(msg))
@@ -154,8 +154,10 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
     """Answer ``prompts``; each finished record goes to ``writer``. Returns the number of transient failures."""
     g = s.generation
     cap = InflightCap(rc, s.redis.prefix, g.concurrency, stage="generate")
-    board = ProgressBoard(rc, s.redis.prefix, run_root)
-    board.start_if_unset()
+    broker = LeaseBroker(cap)  # the requests' leases, one Redis round trip per tick (issue 13)
+    progress = ProgressBoard(rc, s.redis.prefix, run_root)
+    progress.start_if_unset()
+    board = progress.tally()  # counted here, written with the shards (not a round trip per request)
     run = run_root.name
 
     def count_error(e: ChatError) -> None:
@@ -173,20 +175,38 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
 
     async def one(p: dict[str, Any]) -> None:
         nonlocal failed
-        r = await _answer(p, client, cap, board, s, run)
+        r = await _answer(p, client, broker, board, s, run)
         if r is None:
             failed += 1
         else:
             writer.add(r)
 
-    helpers = [asyncio.create_task(cap.keep_renewed()), asyncio.create_task(writer.keep_flushing())]
+    async def keep_counting() -> None:
+        while True:
+            await asyncio.sleep(writer.flush_s)
+            await asyncio.to_thread(_flush_quietly, board)
+
+    helpers = [asyncio.create_task(cap.keep_renewed()), asyncio.create_task(writer.keep_flushing()),
+               asyncio.create_task(keep_counting())]
     try:
         await asyncio.gather(*(one(p) for p in prompts))
     finally:
         for t in helpers:
             t.cancel()
+        await broker.aclose()
         await client.aclose()
+        _flush_quietly(board)
     return failed
+
+
+def _flush_quietly(tally: ProgressTally) -> None:
+    """Write the job's progress counts; Redis away only delays them (they stay counted for the next flush)."""
+    import redis
+
+    try:
+        tally.flush()
+    except redis.RedisError as e:
+        log.warning("progress counts not written yet (%s)", e)
 
 
 def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, settings: dict[str, Any]) -> dict:

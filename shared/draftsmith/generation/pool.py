@@ -97,11 +97,13 @@ def metrics_dir(s: Settings) -> tuple[Path, bool]:
 
 
 def default_processes(s: Settings, stages: list[str]) -> int:
-    """Worker processes a pool needs so its requests in flight can reach ``generation.concurrency``: each process
-    runs one job of ``batch_size`` prompts at a time (1 for a pool without the generate queue)."""
+    """Worker processes a pool needs so its requests in flight stay at ``generation.concurrency``: each process runs
+    one job of ``batch_size`` prompts at a time, so ``ceil(concurrency / batch_size)`` reach the cap, plus one whose
+    job waits for leases and takes over the slots of a job that is finishing its last, slowest requests (the
+    shared cap stays the one limit). 1 for a pool without the generate queue."""
     if "generate" not in stages:
         return 1
-    return max(1, -(-s.generation.concurrency // s.generation.batch_size))
+    return max(1, -(-s.generation.concurrency // s.generation.batch_size)) + 1
 
 
 def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool = False,
@@ -124,13 +126,13 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
     from rq.serializers import JSONSerializer
 
     import draftsmith.generation.jobs  # noqa: F401  (loaded once here, inherited by every fork)
-    from draftsmith.generation.client import tls_context
+    from draftsmith.generation.client import warm_http
     from draftsmith.generation.inflight import InflightCap
     from draftsmith.generation.worker import DraftsmithWorker
     from draftsmith.metrics import serve_metrics
     from draftsmith.queues import connect, get_queue
 
-    tls_context()  # built once here, inherited by every worker and work-horse
+    warm_http()  # TLS context and lazy imports done once here, inherited by every worker and work-horse
     client = connect(s.redis.url)
     if "generate" in stages:
         InflightCap(client, s.redis.prefix, s.generation.concurrency, stage="generate").set_cap(

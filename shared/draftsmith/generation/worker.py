@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 from pathlib import Path
@@ -111,6 +112,7 @@ class DraftsmithWorker(Worker):
             warm((job.kwargs or {}).get("run_root") or "")  # read once here, inherited by the horse (issue 13)
         except (OSError, ValueError, KeyError) as e:
             log.warning("job %s: run caches not warmed (%s); the job reads the run itself", job.id, e)
+        gc.freeze()  # the horse's collector leaves the inherited heap alone: no copy-on-write of its pages (issue 13)
         super().execute_job(job, queue)
         flag = self.connection.getdel(self._disk_full_key)  # set by the work-horse (see handle_exception)
         if flag:
