@@ -56,6 +56,9 @@ def test_tokenizer_has_single_thinking_tokens_and_thinks_by_default(tiny):
     assert tok.bos_token == BOS and tok.eos_token == EOS and len(tok) <= 2048
     for t in ("<think>", "</think>", "<｜User｜>", "<｜Assistant｜>"):
         assert len(tok(t, add_special_tokens=False)["input_ids"]) == 1, t
+    # not special: a server decodes with skip_special_tokens, and the reasoning parser splits on the text </think>
+    ids = tok("R</think>A", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids, skip_special_tokens=True) == "R</think>A"
     user = [{"role": "user", "content": "What is 2+3?"}]
     assert tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True).endswith("<｜Assistant｜><think>")
     off = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True, thinking=False)

@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parents[3]
 FIXTURE = REPO / "tests" / "fixtures" / "templates" / "deepseek"
 PROMPTS = REPO / "data" / "prompts"
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
-SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
+THINK_TOKENS = ("<think>", "</think>")
+SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", *THINK_TOKENS]
 VOCAB_SIZE = 2048
 # Bumped whenever the recipe changes, so a cached checkpoint from an older recipe is rebuilt.
 RECIPE_VERSION = 2
@@ -142,6 +143,15 @@ def build_tokenizer(out: Path):
     if tok.get_vocab_size() > VOCAB_SIZE:
         raise ModelError(f"tokenizer has {tok.get_vocab_size()} entries, more than {VOCAB_SIZE}")
     tok.save(str(out / "tokenizer.json"))
+    # <think> / </think> are added tokens but not special ones, as in DeepSeek-R1's and DeepSeek-V3.1's released
+    # tokenizers: a server decodes with skip_special_tokens, and vLLM's deepseek_r1 reasoning parser splits the
+    # reasoning from the answer on the text "</think>"; as special tokens they vanished from the text and the whole
+    # output landed in the reasoning (build-data then rendered a </think> the text did not have).
+    spec = json.loads((out / "tokenizer.json").read_text())
+    for t in spec["added_tokens"]:
+        if t["content"] in THINK_TOKENS:
+            t["special"] = False
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS, "pad_token": EOS,
            "model_max_length": TINY_MLA["max_position_embeddings"], "add_bos_token": False}
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
