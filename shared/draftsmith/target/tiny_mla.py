@@ -16,8 +16,8 @@ What it builds (``TINY_MLA`` below):
   special tokens and chat template of the DeepSeek-V3.1 fixture (``tests/fixtures/templates/deepseek``). The one
   change to the template: thinking is on unless ``thinking=false`` is passed, as in DeepSeek-R1 / Kimi-K2-Thinking,
   so a plain chat request gets reasoning in ``<think>``...``</think>``.
-- Weights: not random. A short supervised training (``steps`` AdamW steps on one CPU thread, well under a second
-  per step here) on the first GSM8K train questions, each answered with a short reasoning (the first step of its
+- Weights: not random. A short supervised training (``steps`` AdamW steps on one CPU thread, about a second per
+  step here) on the first GSM8K train questions, each answered with a short reasoning (the first step of its
   worked solution), ``</think>``, ``The answer is N.`` and end-of-sentence. The demo regenerates those same
   questions, so the target's greedy outputs there are that text, closed and ended; on other GSM8K questions they
   are GSM8K-like steps that also close and end (docs/mla.md, Measured). A drafter can learn them (acceptance then
@@ -188,8 +188,8 @@ def train(model, ids, masks, steps: int, batch_size: int = 8, lr: float = 2e-3, 
 
     Runs on ``threads`` torch threads (restored afterwards). One is the default on purpose: the model is so small
     that a step is a few dozen small matrix products, and with two threads on a shared 2-core machine every one of
-    them waits for the other core; measured here (docs/mla.md) a batch took 6 s with 2 threads under load and 0.4 s
-    with 1, and a quiet machine gains less than 2x from the second thread.
+    them waits for the other core; measured here (docs/mla.md) the forward pass of a 6 x 192-token batch took 6 s
+    with 2 threads under load and 0.4 s with 1, and a quiet machine gains less than 2x from the second thread.
 
     Args:
         model: a transformers causal LM (fp32, CPU).
