@@ -108,3 +108,17 @@ def test_reasoning_model_flags_empty_reasoning(tmp_path):
     res = build_data(tmp_path / "records", tmp_path / "d2", folder,
                      DataConfig(require_reasoning=True, max_drop_rate=0.5), "m")
     assert res.stats["dropped_by_reason"] == {"empty_reasoning": 1} and res.stats["samples"] == 1
+
+
+def test_reasoning_only_turn_is_unclosed():
+    from draftsmith.data.build import unclosed_reasoning
+
+    def rec(reasoning, content):
+        return {"messages": [{"role": "user", "content": "q"},
+                             {"role": "assistant", "content": content, "reasoning": reasoning}]}
+
+    # the target stopped inside <think>: the parser gave everything as reasoning and no answer
+    assert unclosed_reasoning(rec("Natalia sold 48/2 = 24 clips.", None))
+    assert unclosed_reasoning(rec("Natalia sold 48/2 = 24 clips.", ""))
+    assert not unclosed_reasoning(rec("Natalia sold 48/2 = 24 clips.", "The answer is 72."))
+    assert not unclosed_reasoning(rec(None, "The answer is 72."))  # no reasoning target

@@ -56,6 +56,9 @@ def test_tokenizer_has_single_thinking_tokens_and_thinks_by_default(tiny):
     assert tok.bos_token == BOS and tok.eos_token == EOS and len(tok) <= 2048
     for t in ("<think>", "</think>", "<｜User｜>", "<｜Assistant｜>"):
         assert len(tok(t, add_special_tokens=False)["input_ids"]) == 1, t
+    # not special: a server decodes with skip_special_tokens, and the reasoning parser splits on the text </think>
+    ids = tok("R</think>A", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids, skip_special_tokens=True) == "R</think>A"
     user = [{"role": "user", "content": "What is 2+3?"}]
     assert tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True).endswith("<｜Assistant｜><think>")
     off = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True, thinking=False)
@@ -68,7 +71,12 @@ def test_training_examples_supervise_reasoning_and_answer(tiny):
     _, path = tiny
     tok = AutoTokenizer.from_pretrained(path)
     ex = gsm8k_examples(4)
-    assert ex[0][2] == "The answer is 72." and "<<" not in ex[0][1]
+    # the reasoning is the first step of the worked solution only, so a briefly trained target learns to close it
+    assert ex[0] == ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+                     "How many clips did Natalia sell altogether in April and May?",
+                     "Natalia sold 48/2 = 24 clips in May.", "The answer is 72.")
+    whole = gsm8k_examples(1, reasoning_steps=None)[0][1]
+    assert whole == "Natalia sold 48/2 = 24 clips in May. Natalia sold 48+24 = 72 clips altogether in April and May."
     ids, masks = training_batches(tok, ex)
     assert len(ids) >= 1 and all(len(i) == len(m) for i, m in zip(ids, masks, strict=True))
     text = tok.decode([t for t, m in zip(ids[0], masks[0], strict=True) if m], skip_special_tokens=False)

@@ -44,7 +44,7 @@ def prepare(force: bool = typer.Option(False, "--force", help="Rebuild even if p
 
 @target_app.command("make-tiny-mla")
 def make_tiny_mla_cmd(
-    steps: int = typer.Option(60, "--steps", min=0, help="Training steps (0 = random weights, shapes only)."),
+    steps: int = typer.Option(200, "--steps", min=0, help="Training steps (0 = random weights, shapes only)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if a current checkpoint exists."),
 ) -> None:
     """Build a tiny DeepSeek-V3-architecture target (MLA + MoE, thinking tokens) in the cache (docs/mla.md);

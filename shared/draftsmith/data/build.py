@@ -100,6 +100,18 @@ class _ShardWriter:
         self.buf = []
 
 
+def unclosed_reasoning(rec: dict[str, Any]) -> bool:
+    """True when an assistant turn of ``rec`` is reasoning only: the target ended inside its thinking.
+
+    A reasoning parser (vLLM's ``deepseek_r1``) returns a whole output that never reached the end-of-reasoning marker
+    (``</think>``) as reasoning with no content. The chat template renders that marker after the reasoning anyway, so
+    such a turn can never be token-exact; like a turn cut at ``max_tokens`` it is dropped under
+    ``data.truncated_answers: drop`` (counted as ``unclosed_reasoning``).
+    """
+    return any(m.get("role") == "assistant" and (m.get("reasoning") or m.get("reasoning_content"))
+               and not m.get("content") for m in rec.get("messages", []))
+
+
 def target_vocab_size(tok, tokenizer_path: Path) -> int:
     """V: the larger of ``len(tokenizer)`` and ``config.json``'s ``vocab_size`` (embedding rows of the target)."""
     v = len(tok)
@@ -214,6 +226,9 @@ def build_data(
                 )
             if cfg.truncated_answers == "drop" and any(t.get("finish_reason") == "length" for t in rec["turns"]):
                 dropped["truncated_answer"] += 1
+                continue
+            if cfg.truncated_answers == "drop" and unclosed_reasoning(rec):
+                dropped["unclosed_reasoning"] += 1
                 continue
             try:
                 planned.append((rec, renderer.texts(rec)))

@@ -16,10 +16,13 @@ What it builds (``TINY_MLA`` below):
   special tokens and chat template of the DeepSeek-V3.1 fixture (``tests/fixtures/templates/deepseek``). The one
   change to the template: thinking is on unless ``thinking=false`` is passed, as in DeepSeek-R1 / Kimi-K2-Thinking,
   so a plain chat request gets reasoning in ``<think>``...``</think>``.
-- Weights: not random. A short supervised training (``steps`` AdamW steps, about 5 CPU-seconds per step here) on GSM8K
-  train questions whose worked solution is the reasoning and ``The answer is N.`` the answer, so the target's
-  greedy outputs are structured text that a drafter can learn (acceptance then means something). It is not a
-  distillation of SmolLM2 (a different tokenizer; running SmolLM2 on every prompt would cost minutes).
+- Weights: not random. A short supervised training (``steps`` AdamW steps on one CPU thread, about a second per
+  step here) on the first GSM8K train questions, each answered with a short reasoning (the first step of its
+  worked solution), ``</think>``, ``The answer is N.`` and end-of-sentence. The demo regenerates those same
+  questions, so the target's greedy outputs there are that text, closed and ended; on other GSM8K questions they
+  are GSM8K-like steps that also close and end (docs/mla.md, Measured). A drafter can learn them (acceptance then
+  means something). It is not a distillation of SmolLM2 (a different tokenizer; running SmolLM2 on every prompt
+  would cost minutes).
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ REPO = Path(__file__).resolve().parents[3]
 FIXTURE = REPO / "tests" / "fixtures" / "templates" / "deepseek"
 PROMPTS = REPO / "data" / "prompts"
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
-SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
+THINK_TOKENS = ("<think>", "</think>")
+SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", *THINK_TOKENS]
 VOCAB_SIZE = 2048
 # Bumped whenever the recipe changes, so a cached checkpoint from an older recipe is rebuilt.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 TINY_MLA = dict(
     vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
@@ -79,10 +83,13 @@ def is_current(path: Path, **recipe) -> bool:
     return marker.get("recipe_version") == RECIPE_VERSION and all(marker.get(k) == v for k, v in recipe.items())
 
 
-def gsm8k_examples(limit: int) -> list[tuple[str, str, str]]:
-    """(question, reasoning, answer) triples from ``data/prompts/gsm8k_train.jsonl``.
+def gsm8k_examples(limit: int, reasoning_steps: int | None = 1) -> list[tuple[str, str, str]]:
+    """(question, reasoning, answer) triples of the first ``limit`` rows of ``data/prompts/gsm8k_train.jsonl``.
 
-    The reasoning is the worked solution without its ``<<calc>>`` annotations; the answer is ``The answer is N.``.
+    The reasoning is the first ``reasoning_steps`` lines (one calculation step each) of the worked solution, joined
+    by spaces, without their ``<<calc>>`` annotations (``None`` = the whole solution); the answer is
+    ``The answer is N.``. One step keeps the target's reasoning short enough that a briefly trained target learns to
+    close it (the whole solution left it looping in digits: docs/mla.md, Measured).
 
     Raises:
         ModelError: the bundled prompt file is missing.
@@ -94,7 +101,8 @@ def gsm8k_examples(limit: int) -> list[tuple[str, str, str]]:
     for line in path.read_text().splitlines()[:limit]:
         row = json.loads(line)
         work, _, final = row["answer"].rpartition("####")
-        out.append((row["question"].strip(), _CALC.sub("", work).strip(), f"The answer is {final.strip()}."))
+        lines = [_CALC.sub("", ln).strip() for ln in work.strip().splitlines() if ln.strip()]
+        out.append((row["question"].strip(), " ".join(lines[:reasoning_steps]), f"The answer is {final.strip()}."))
     return out
 
 
@@ -135,6 +143,15 @@ def build_tokenizer(out: Path):
     if tok.get_vocab_size() > VOCAB_SIZE:
         raise ModelError(f"tokenizer has {tok.get_vocab_size()} entries, more than {VOCAB_SIZE}")
     tok.save(str(out / "tokenizer.json"))
+    # <think> / </think> are added tokens but not special ones, as in DeepSeek-R1's and DeepSeek-V3.1's released
+    # tokenizers: a server decodes with skip_special_tokens, and vLLM's deepseek_r1 reasoning parser splits the
+    # reasoning from the answer on the text "</think>"; as special tokens they vanished from the text and the whole
+    # output landed in the reasoning (build-data then rendered a </think> the text did not have).
+    spec = json.loads((out / "tokenizer.json").read_text())
+    for t in spec["added_tokens"]:
+        if t["content"] in THINK_TOKENS:
+            t["special"] = False
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS, "pad_token": EOS,
            "model_max_length": TINY_MLA["max_position_embeddings"], "add_bos_token": False}
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
@@ -142,7 +159,7 @@ def build_tokenizer(out: Path):
     return AutoTokenizer.from_pretrained(out)
 
 
-def training_batches(tok, examples: list[tuple[str, str, str]], max_len: int = 192):
+def training_batches(tok, examples: list[tuple[str, str, str]], max_len: int = 256):
     """Token ids and loss masks (assistant span only) of the rendered examples; longer ones are left out.
 
     Returns:
@@ -165,50 +182,69 @@ def training_batches(tok, examples: list[tuple[str, str, str]], max_len: int = 1
     return ids, masks
 
 
-def train(model, ids, masks, steps: int, batch_size: int = 6, lr: float = 5e-3, seed: int = 0) -> float:
-    """Supervised next-token training of ``model`` on the assistant spans (AdamW, cosine decay).
+def train(model, ids, masks, steps: int, batch_size: int = 8, lr: float = 2e-3, seed: int = 0,
+          threads: int = 1) -> float:
+    """Supervised next-token training of ``model`` on the assistant spans (AdamW, one-cycle schedule).
+
+    Runs on ``threads`` torch threads (restored afterwards). One is the default on purpose: the model is so small
+    that a step is a few dozen small matrix products, and with two threads on a shared 2-core machine every one of
+    them waits for the other core; measured here (docs/mla.md) the forward pass of a 6 x 192-token batch took 6 s
+    with 2 threads under load and 0.4 s with 1, and a quiet machine gains less than 2x from the second thread.
 
     Args:
         model: a transformers causal LM (fp32, CPU).
         ids, masks: from :func:`training_batches`.
         steps: optimizer steps.
+        batch_size: sequences per step (drawn with replacement).
+        lr: peak learning rate.
+        seed: seed of the batch order.
+        threads: torch intra-op threads while training.
 
     Returns:
         The mean loss of the last 10 steps (nats per token).
     """
     import torch
 
+    if not ids:
+        raise ModelError("no training example fits the tiny MLA target's max_len")
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     pad = model.config.eos_token_id or 0
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     model.train()
     losses = []
-    for step in range(steps):
-        pick = torch.randint(len(ids), (batch_size,), generator=g).tolist()
-        n = max(len(ids[i]) for i in pick)
-        x = torch.full((batch_size, n), pad, dtype=torch.long)
-        y = torch.full((batch_size, n), -100, dtype=torch.long)
-        for row, i in enumerate(pick):
-            t = torch.tensor(ids[i])
-            m = torch.tensor(masks[i], dtype=torch.bool)
-            x[row, : len(t)] = t
-            y[row, : len(t)] = torch.where(m, t, torch.full_like(t, -100))
-        loss = model(input_ids=x, labels=y).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss))
-        if step % 20 == 0 or step == steps - 1:
-            log.info("tiny MLA training step %d/%d loss %.3f", step + 1, steps, losses[-1])
-    model.eval()
+    t0 = time.time()
+    try:
+        for step in range(steps):
+            pick = torch.randint(len(ids), (batch_size,), generator=g).tolist()
+            n = max(len(ids[i]) for i in pick)
+            x = torch.full((batch_size, n), pad, dtype=torch.long)
+            y = torch.full((batch_size, n), -100, dtype=torch.long)
+            for row, i in enumerate(pick):
+                t = torch.tensor(ids[i])
+                m = torch.tensor(masks[i], dtype=torch.bool)
+                x[row, : len(t)] = t
+                y[row, : len(t)] = torch.where(m, t, torch.full_like(t, -100))
+            loss = model(input_ids=x, labels=y).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            if step % 20 == 0 or step == steps - 1:
+                log.info("tiny MLA training step %d/%d loss %.3f (%.2f s/step)", step + 1, steps, losses[-1],
+                         (time.time() - t0) / (step + 1))
+    finally:
+        torch.set_num_threads(threads_before)
+        model.eval()
     tail = losses[-10:]
     return sum(tail) / len(tail)
 
 
-def make_tiny_mla(cache_dir: Path, steps: int = 60, examples: int = 48, force: bool = False,
+def make_tiny_mla(cache_dir: Path, steps: int = 200, examples: int = 32, force: bool = False,
                   seed: int = 0) -> Path:
     """Write the tiny DeepSeek-V3 checkpoint (idempotent: a current one is kept unless ``force``).
 
@@ -217,7 +253,7 @@ def make_tiny_mla(cache_dir: Path, steps: int = 60, examples: int = 48, force: b
     Args:
         cache_dir: cache root (``target.cache_dir``); the folder is :func:`tiny_mla_dir`.
         steps: training steps (0 = random weights, for tests of shapes only).
-        examples: GSM8K train rows to train on.
+        examples: GSM8K train rows to train on (the first ones: the demo regenerates the first 32).
         force: rebuild even if a current checkpoint exists.
         seed: seed of the weights and of the batch order.
 
