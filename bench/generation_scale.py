@@ -8,9 +8,10 @@ at the same concurrency (``generation.concurrency``, default 128):
 - pool: ``draftsmith worker`` with its defaults (processes = ceil(concurrency / batch_size)), started and idle
   before timing; workers are suspended (rq) during ``enqueue`` and timed from their resumption to the last record.
 
-Printed per size: req/s of both, their ratio, and the pool's CPU per job beyond the bare client's CPU for the
-same requests (``per-job overhead``; CPU seconds of every pool process, from ``RUSAGE_CHILDREN``, minus the
-pool's idle start-up CPU). Last line: ``RATIO generation_scale <pool/bare at 10,000>``.
+Printed per size: req/s of both, their ratio, the pool's CPU per job (CPU seconds of every pool process, from
+``RUSAGE_CHILDREN``, minus the pool's idle start-up CPU, per job: constant when a job's cost does not grow with the
+run), and that CPU beyond the bare client's CPU for the same requests (``per-job overhead``; the bare client's own
+CPU per request falls with the run's length as its connections warm up, so this one is noisy at 1,000). Last line: ``RATIO generation_scale <pool/bare at 10,000>``.
 
 ``--scale-out``: two pools (as two compose generator containers) against one Redis and two server replicas with a
 fixed delay and a fixed number of sequences each (the servers are the bottleneck), vs one pool against one replica;
@@ -154,8 +155,9 @@ def sizes_run(redis_url: str, sizes: list[int], concurrency: int) -> None:
             work = Path(tmp)
             idle = idle_pool_cpu(redis_url, work, url, concurrency)
             print(f"pool start-up CPU (idle pool, subtracted): {idle:.2f} s")
-            print("| prompts | bare req/s | pool req/s | pool/bare | pool processes | jobs | per-job overhead (CPU ms) |")
-            print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+            print("| prompts | bare req/s | pool req/s | pool/bare | pool processes | jobs | pool CPU per job (ms) "
+                  "| per-job overhead (CPU ms) |")
+            print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
             for n in sizes:
                 redis.Redis.from_url(redis_url).flushdb()
                 src = prompts_file(work, n)
@@ -167,8 +169,8 @@ def sizes_run(redis_url: str, sizes: list[int], concurrency: int) -> None:
                 ratio = (n / tp) / (nb / tb)
                 if n == 10000:
                     ratio_10k = ratio
-                print(f"| {n} | {nb / tb:.0f} | {n / tp:.0f} | {ratio:.3f} | {procs} | {jobs} | {overhead_ms:.1f} |",
-                      flush=True)
+                print(f"| {n} | {nb / tb:.0f} | {n / tp:.0f} | {ratio:.3f} | {procs} | {jobs} | "
+                      f"{1000 * cpu_p / max(1, jobs):.0f} | {overhead_ms:.1f} |", flush=True)
     finally:
         stub.kill()
         stub.wait()
