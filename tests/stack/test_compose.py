@@ -218,9 +218,9 @@ def test_generator_command_and_env_are_the_config(services, monkeypatch):
     from draftsmith.config import MetricsConfig, load_settings
 
     gen = services["generator"]
-    # processes x batch size (8 x 16) reaches the concurrency; /metrics listens beyond loopback for Prometheus
+    # processes x batch size (2 x 64, plus one) reaches the concurrency; /metrics listens beyond loopback for Prometheus
     assert gen["command"] == ["draftsmith", "worker", "--queues", "generate", "--processes",
-                              "${GENERATOR_PROCESSES:-8}", "--concurrency", "${GENERATOR_CONCURRENCY:-128}",
+                              "${GENERATOR_PROCESSES:-3}", "--concurrency", "${GENERATOR_CONCURRENCY:-128}",
                               "--metrics-addr", "0.0.0.0"]
     assert "replicas" not in gen.get("deploy", {}) and "container_name" not in gen  # scalable with --scale
     assert MetricsConfig().port == 9400
