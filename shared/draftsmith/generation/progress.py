@@ -49,7 +49,7 @@ class ProgressBoard:
                 pipe.hincrby(self.key, k, int(v))
         pipe.execute()
 
-    def tally(self) -> "ProgressTally":
+    def tally(self) -> ProgressTally:
         """A local tally of this board's counters, written by :meth:`ProgressTally.flush` (a job counts each request
         there and flushes with its shard writer: one round trip every few seconds, not one per request)."""
         return ProgressTally(self)
