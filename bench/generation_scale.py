@@ -120,17 +120,19 @@ def pool_run(redis_url: str, work: Path, url: str, src: Path, n: int, concurrenc
 
     procs = default_processes(s, ["generate"])
     pools = [start_pool(pool_env(redis_url, work, u, concurrency)) for u in (urls or [url])]
-    wait_idle(r, procs * len(pools))
-    suspend(r)
-    rep = enqueue(s, str(src), None, s.generation.batch_size, say=lambda m: None)
-    records = work / run / "records"
-    t0 = time.perf_counter()
-    resume(r)
-    while len(done_ids(records)) < n:
-        time.sleep(0.25)
-    dt = time.perf_counter() - t0
-    for p in pools:
-        stop_pool(p)
+    try:  # the pools run in sessions of their own: stopped here whatever ends the run (SIGTERM included)
+        wait_idle(r, procs * len(pools))
+        suspend(r)
+        rep = enqueue(s, str(src), None, s.generation.batch_size, say=lambda m: None)
+        records = work / run / "records"
+        t0 = time.perf_counter()
+        resume(r)
+        while len(done_ids(records)) < n:
+            time.sleep(0.25)
+        dt = time.perf_counter() - t0
+    finally:
+        for p in pools:
+            stop_pool(p)
     return dt, len(rep.jobs), procs * len(pools)
 
 
@@ -142,8 +144,10 @@ def idle_pool_cpu(redis_url: str, work: Path, url: str, concurrency: int) -> flo
 
     c0 = children_cpu()
     p = start_pool(pool_env(redis_url, work, url, concurrency))
-    wait_idle(r, default_processes(s, ["generate"]))
-    stop_pool(p)
+    try:
+        wait_idle(r, default_processes(s, ["generate"]))
+    finally:
+        stop_pool(p)
     return children_cpu() - c0
 
 
@@ -206,6 +210,9 @@ def main() -> None:
     ap.add_argument("--scale-out", action="store_true", help="Measure two pools + two replicas instead.")
     ap.add_argument("--scale-out-prompts", type=int, default=2000)
     a = ap.parse_args()
+    from draftsmith.signals import raise_on_sigterm
+
+    raise_on_sigterm()  # SIGTERM unwinds through the finally blocks that stop the pools and servers
     redis_url = os.environ.get("DRAFTSMITH_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
     if a.scale_out:
         scale_out_run(redis_url, a.scale_out_prompts, a.concurrency, delay_s=0.2, slots=16)
