@@ -80,7 +80,6 @@ class InflightCap:
         self._acquire = client.register_script(_ACQUIRE)
         self._exchange = client.register_script(_EXCHANGE)
         self._held: set[str] = set()
-        self._waiting: asyncio.Lock | None = None
 
     def set_cap(self, cap: int) -> None:
         """Set the cap every job of this stage reads (a worker pool serving the stage calls this at start)."""
@@ -101,29 +100,6 @@ class InflightCap:
             return token
         return None
 
-    async def acquire(self, poll_s: float = 0.02) -> str:
-        """Wait for a lease.
-
-        The first try is one Redis round trip on the event loop (no thread hop: against a fast server the hop cost
-        more than the request, issue 13). While the cap is full, one coroutine per :class:`InflightCap` object polls
-        every ``poll_s`` seconds and the others wait behind it, so a job with 64 waiting requests makes 50 Redis
-        calls a second, not 3,200.
-
-        Raises:
-            redis.RedisError: Redis does not answer.
-        """
-        token = self.try_acquire()
-        if token:
-            return token
-        if self._waiting is None:
-            self._waiting = asyncio.Lock()
-        async with self._waiting:
-            while True:
-                token = self.try_acquire()
-                if token:
-                    return token
-                await asyncio.sleep(poll_s)
-
     def exchange(self, release: list[str], want: int) -> list[str]:
         """Return the leases ``release`` and take up to ``want`` new ones, in one Redis round trip; returns the
         tokens granted (fewer than ``want`` when the cap is reached).
@@ -140,6 +116,10 @@ class InflightCap:
         granted = tokens[:n]
         self._held.update(granted)
         return granted
+
+    def held(self) -> list[str]:
+        """The leases this object holds now (granted, not yet returned)."""
+        return list(self._held)
 
     def release(self, token: str) -> None:
         """Return a lease."""
@@ -198,7 +178,6 @@ class LeaseBroker:
         self.cap, self.poll_s = cap, poll_s
         self._waiters: list[asyncio.Future] = []
         self._releases: list[str] = []
-        self._sending: list[str] = []  # releases of the exchange in progress
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
 
@@ -227,10 +206,9 @@ class LeaseBroker:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        # the job is over: return every lease it still holds, and those of a cancelled exchange, which may never
-        # have run (still queued for a thread); ZREM of a lease already returned does nothing
-        rel = sorted(set(self._sending) | set(self._releases) | set(self.cap._held))
-        self._releases, self._sending = [], []
+        # the job is over: return every lease it still holds. A lease leaves the held set only once Redis took it
+        # back, so this covers a cancelled exchange that never ran (it was still queued for a thread)
+        rel, self._releases = self.cap.held(), []
         if rel:
             try:
                 await asyncio.to_thread(self.cap.exchange, rel, 0)
@@ -246,11 +224,9 @@ class LeaseBroker:
             want = len(self._waiters)
             if not rel and not want:
                 continue
-            self._sending = rel
             try:
                 granted = await asyncio.to_thread(self.cap.exchange, rel, want)
             except redis.RedisError as e:
-                self._sending = []
                 self._releases = rel + self._releases
                 waiters, self._waiters = self._waiters, []
                 for f in waiters:
@@ -258,7 +234,6 @@ class LeaseBroker:
                         f.set_exception(e)
                 await asyncio.sleep(self.poll_s)
                 continue
-            self._sending = []
             for tok in granted:
                 while self._waiters and self._waiters[0].done():
                     self._waiters.pop(0)
