@@ -165,17 +165,22 @@ class LeaseBroker:
 
     A request awaits :meth:`acquire` and calls :meth:`release` (no I/O) when its attempt ends. A single task takes
     every release and every waiting request gathered since its last round trip to Redis and settles them with
-    :meth:`InflightCap.exchange`; when the cap is full it polls every ``poll_s`` seconds. Against a fast server
+    :meth:`InflightCap.exchange`; when the cap is full it polls, first after ``poll_s`` seconds, then
+    twice as long each time nothing is granted, up to ``max_poll_s`` (a release of its own job or a new request
+    cuts the wait short). Against a fast server
     this replaces two round trips per request (issue 13: they cost the pool more than the request itself) by one per
-    tick, and the event loop never waits on Redis. The cap, the leases, their owners and their renewal are
-    :class:`InflightCap`'s, unchanged.
+    tick, and the event loop never waits on Redis. A lease released while another request of the job waits goes
+    to that request at once, as a semaphore would hand it on (against vLLM CPU a lease that waited for the next
+    tick left the server's batch one request short; issue 13). Leases move between jobs only through Redis, so a
+    job keeps what it holds while it has requests waiting, and the cap stays the one limit. The cap, the leases,
+    their owners and their renewal are :class:`InflightCap`'s, unchanged.
 
     Raises (from :meth:`acquire`):
         redis.RedisError: Redis did not answer; every waiting request gets the error, as a direct call would.
     """
 
-    def __init__(self, cap: InflightCap, poll_s: float = 0.02) -> None:
-        self.cap, self.poll_s = cap, poll_s
+    def __init__(self, cap: InflightCap, poll_s: float = 0.02, max_poll_s: float = 0.32) -> None:
+        self.cap, self.poll_s, self.max_poll_s = cap, poll_s, max(poll_s, max_poll_s)
         self._waiters: list[asyncio.Future] = []
         self._releases: list[str] = []
         self._wake: asyncio.Event | None = None
@@ -193,7 +198,13 @@ class LeaseBroker:
         return await fut
 
     def release(self, token: str) -> None:
-        """Give a lease back (sent with the next round trip)."""
+        """Give a lease back: straight to a request of this job that waits for one (the lease stays held and
+        renewed, no Redis round trip, no gap in the server's batch), else to Redis with the next round trip."""
+        while self._waiters:
+            fut = self._waiters.pop(0)
+            if not fut.done():  # not cancelled
+                fut.set_result(token)
+                return
         self._releases.append(token)
         if self._wake is not None:
             self._wake.set()
@@ -216,13 +227,24 @@ class LeaseBroker:
                 pass  # the leases expire by themselves within lease_s
 
     async def _settle(self) -> None:
+        delay, full = self.poll_s, False
         while True:
-            await self._wake.wait()
+            if full:  # the cap was full: poll again after ``delay`` unless a release or a new request comes first
+                # (a timer, not asyncio.wait_for, which can swallow the task's cancellation before Python 3.12)
+                timer = asyncio.get_running_loop().call_later(delay, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+                delay = min(2 * delay, self.max_poll_s)
+            else:
+                await self._wake.wait()
             self._wake.clear()
             self._waiters = [f for f in self._waiters if not f.done()]  # cancelled requests
             rel, self._releases = self._releases, []
             want = len(self._waiters)
             if not rel and not want:
+                full = False
                 continue
             try:
                 granted = await asyncio.to_thread(self.cap.exchange, rel, want)
@@ -234,6 +256,8 @@ class LeaseBroker:
                         f.set_exception(e)
                 await asyncio.sleep(self.poll_s)
                 continue
+            if granted:
+                delay = self.poll_s
             for tok in granted:
                 while self._waiters and self._waiters[0].done():
                     self._waiters.pop(0)
@@ -241,7 +265,6 @@ class LeaseBroker:
                     self._waiters.pop(0).set_result(tok)
                 else:
                     self._releases.append(tok)  # its request went away meanwhile
-            if self._waiters or self._releases:
-                if len(granted) < want:
-                    await asyncio.sleep(self.poll_s)  # the cap is full: poll
+            full = len(granted) < want
+            if self._releases or (self._waiters and not full):
                 self._wake.set()
