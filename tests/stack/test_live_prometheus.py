@@ -135,7 +135,18 @@ def test_dashboard_queries_return_data_from_live_sources(vllm_server, private_re
         else:
             pytest.fail("Prometheus did not start: " + (tmp_path / "prometheus.log").read_text()[-2000:])
         t0 = time.time()
-        time.sleep(3)  # a few scrapes before the run: counters start from a sample, so rate() sees the first jobs
+        # Every target scraped before the run starts: counters need a sample from before the first job for rate()
+        # to see it. Prometheus applies new targets a few seconds after start (its scrape manager batches updates),
+        # and on a fast machine the whole run once ended before the target's first scrape (TTFT p95 had no data).
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            active = httpx.get(f"{prom}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            if len(active) == 3 and all(t["health"] == "up" for t in active):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"Prometheus did not scrape every target: {active}")
+        time.sleep(2)  # two more scrapes of each
         out = subprocess.run([DRAFTSMITH, "enqueue", "--source", str(prompts), "--run", run, "--batch-size", "2",
                               "--max-tokens", "24"], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
