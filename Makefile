@@ -82,8 +82,9 @@ extract: check-secrets ## Enqueue hidden-state extraction; the extractor service
 	$(RUN_JOB) draftsmith extract --run $(RUN)
 
 train: check-secrets ## Train the drafter in the trainer service (TRAIN_GPUS ranks): make train RUN=demo
+# the run travels as DRAFTSMITH_RUN: torchrun's parser reads `--run` after the module as its own `--run-path`
 	$(COMPOSE) --profile train run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) trainer \
-	  torchrun --standalone --nproc_per_node $(or $(ENV_TRAIN_GPUS),1) -m draftsmith train --run $(RUN)
+	  torchrun --standalone --nproc_per_node $(or $(ENV_TRAIN_GPUS),1) -m draftsmith train
 
 export: check-secrets ## Export the drafter (EAGLE-3 and speculators layouts): make export RUN=demo
 	$(RUN_JOB) draftsmith export --run $(RUN) --format both
@@ -107,10 +108,10 @@ test: $(STAMP) redis ## Every test, slow and end-to-end ones included (real Redi
 	$(VENV)/bin/python -m pytest -v -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
 
 .PHONY: test-stack
-test-stack: $(STAMP) redis ## The Compose stack drill on podman (installs podman; ~20 min cold; not in `make test` yet)
+test-stack: $(STAMP) redis ## Only the Compose stack test (podman, installed if missing; ~15 min cold; part of `make test`)
 	@bash scripts/ci-system-deps.sh
 	@scripts/podman-host.sh start
-	$(VENV)/bin/python -m pytest -v -p no:cacheprovider tests/stack/stack_cpu_drill.py $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -v -p no:cacheprovider tests/stack/test_stack_cpu.py $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: $(STAMP) redis ## Tests that need no vLLM server and train nothing

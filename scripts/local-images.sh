@@ -34,9 +34,12 @@ echo "the Python base of the project image); Grafana cannot be built here and is
 if ! "$CLI" image exists "$BASE" 2> /dev/null; then
   mkdir -p "$CACHE"
   rootfs="$CACHE/debian-$TAG.tar"
-  if [[ ! -s "$rootfs" ]]; then
+  if [[ ! -f "$rootfs" || ! -s "$rootfs" ]]; then
+    rm -rf "$rootfs"  # a folder left by an older version of this script
     echo "mmdebstrap: Debian $TAG root filesystem -> $rootfs"
-    mmdebstrap --quiet --variant=minbase --aptopt='APT::Install-Recommends "false"' \
+    # --format=tar: mmdebstrap guesses the format from the file name, and a name without .tar gives a directory
+    rm -rf "$rootfs.part"
+    mmdebstrap --quiet --variant=minbase --format=tar --aptopt='APT::Install-Recommends "false"' \
       --include=python3,python3-venv,python3-pip,ca-certificates,wget,redis-server,prometheus,prometheus-pushgateway \
       "$TAG" "$rootfs.part"
     mv "$rootfs.part" "$rootfs"

@@ -2,7 +2,8 @@
 # Run the Compose stack on a machine without a Docker daemon, with podman (Debian packages; idempotent).
 #   scripts/podman-host.sh start   install what is missing, configure, start the API; prints the DOCKER_HOST line
 #   scripts/podman-host.sh stop    stop the API service and the health ticker it started (containers are untouched)
-# - installs podman, runc, mmdebstrap (local base images: scripts/local-images.sh) and docker-compose 1.29
+# - installs podman, runc, mmdebstrap (local base images: scripts/local-images.sh), docker-compose 1.29 and the
+#   CNI dnsname plugin (containers find each other by service name)
 # - containers.conf: runtime runc (crun refuses the VM's hybrid cgroup v1+v2), nofile/nproc limits the VM allows
 # - podman's Docker-compatible API on unix:///run/podman/podman.sock, the engine docker-compose talks to
 # - a health ticker: podman runs health checks from systemd timers; without systemd (containers, CI VMs) nothing
@@ -37,6 +38,9 @@ need=()
 for cmd in podman runc mmdebstrap docker-compose; do
   command -v "$cmd" > /dev/null || need+=("$cmd")
 done
+# podman 4.3 on Debian uses CNI networks; without the dnsname plugin they have no DNS, and a container cannot
+# reach another by service name (the generator fails "redis: Name or service not known")
+[[ -x /usr/lib/cni/dnsname ]] || need+=(golang-github-containernetworking-plugin-dnsname)
 if (( ${#need[@]} > 0 )); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q

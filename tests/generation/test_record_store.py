@@ -51,3 +51,26 @@ def test_journal_is_read_incrementally_and_reloaded_when_rebuilt(tmp_path):
     assert idx.ids == {"p2"}
     m = json.loads((d / "manifest.json").read_text())
     assert m["records"] == 1 and [s["shard"] for s in m["shards"]] == ["gen-b.jsonl"]
+
+
+def test_rebuilding_an_unchanged_manifest_rewrites_nothing(tmp_path):
+    """`enqueue` rebuilds the manifest on every call; on a finished run it must leave the files as they are
+    (found by the stack test: after `make down` / `make up`, `make enqueue` rewrote records/manifest.json)."""
+    d = tmp_path / "records"
+    write_shard(d, "gen-b", [rec("p1"), rec("p2")])
+    write_shard(d, "gen-a", [rec("p4")])  # writers append to the journal in completion order, not shard order
+    journal = d / "shards.idx"
+    appended = journal.stat().st_mtime_ns
+    first = rebuild_manifest(d)
+    assert journal.stat().st_mtime_ns == appended, "the journal listed every shard already"
+    files = [d / "manifest.json", journal]
+    before = [f.stat().st_mtime_ns for f in files]
+    assert rebuild_manifest(d) == first
+    assert [f.stat().st_mtime_ns for f in files] == before
+    write_shard(d, "gen-c", [rec("p3")])
+    assert rebuild_manifest(d)["records"] == 4
+    assert json.loads(files[0].read_text())["records"] == 4
+    (d / "gen-a.jsonl").unlink()
+    (d / "gen-a.meta.json").unlink()
+    rebuild_manifest(d)
+    assert len(journal.read_text().splitlines()) == 2

@@ -351,3 +351,30 @@ def test_launch_script_refuses_missing_model(tmp_path):
     out = subprocess.run(["sh", str(REPO / "services/target/vllm-serve.sh")], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "TARGET_MODEL": "no-such-model"})
     assert out.returncode == 2 and "/models/no-such-model" in out.stderr and "docs/gpu-host.md" in out.stderr
+
+
+def _torchrun_args(argv: list[str]):
+    from torch.distributed.run import parse_args
+
+    return parse_args(argv)
+
+
+def test_trainer_command_parses_under_torchrun(services):
+    """compose's trainer and `make train` start torchrun with arguments torchrun's own parser accepts.
+
+    Found by the stack test (tests/stack/test_stack_cpu.py): `torchrun ... -m draftsmith train --run demo` exits 2 ("ambiguous option: --run could
+    match --run-path"), since argparse matches option prefixes anywhere on the line. The run travels as
+    DRAFTSMITH_RUN instead.
+    """
+    makefile = (REPO / "Makefile").read_text()
+    recipe = re.search(r"^\s+(torchrun .*)$", makefile, re.M).group(1)
+    recipe = recipe.replace("$(or $(ENV_TRAIN_GPUS),1)", "1")
+    for cmd in (services["trainer"]["command"], recipe.split()):
+        assert cmd[0] == "torchrun"
+        args = _torchrun_args([a.replace("${TRAIN_GPUS:-1}", "1") for a in cmd[1:]])
+        assert args.module and args.training_script == "draftsmith", cmd
+        assert args.training_script_args[0] == "train", cmd
+    assert "DRAFTSMITH_RUN" in services["trainer"]["environment"]
+    assert "-e DRAFTSMITH_RUN=$(RUN)" in makefile
+    with pytest.raises(SystemExit):  # what the old command did
+        _torchrun_args(["--standalone", "--nproc_per_node", "1", "-m", "draftsmith", "train", "--run", "x"])

@@ -11,7 +11,9 @@ from draftsmith.cli import app, settings
 
 @app.command("train")
 def train_cmd(
-    run: str = typer.Option(..., "--run", help="Run name (reads runs/<run>/data and features)."),
+    run: str | None = typer.Option(
+        None, "--run", help="Run name (reads runs/<run>/data and features; default: the `run` setting, "
+        "DRAFTSMITH_RUN). Under torchrun set DRAFTSMITH_RUN instead: torchrun reads --run as its own --run-path."),
     ttt_steps: int | None = typer.Option(None, "--ttt-steps", help="TTT unroll depth k (train.ttt_steps)."),
     max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after N optimizer steps."),
     epochs: int | None = typer.Option(None, "--epochs", help="Passes over the training split."),
@@ -46,10 +48,10 @@ def export_cmd(
     from draftsmith.drafter.checkpoint import resolve_checkpoint
     from draftsmith.drafter.export import export_checkpoint
     from draftsmith.paths import RunPaths
-    from draftsmith.target.embedded import embedded_dir
+    from draftsmith.target.checkpoint import target_checkpoint
 
     paths = RunPaths(s.runs_dir, s.run)
     ckpt = resolve_checkpoint(paths.checkpoints, checkpoint)
-    target = s.target.path or str(embedded_dir(s.target.cache_dir))
+    target = str(target_checkpoint(s))
     for out in export_checkpoint(ckpt, target, paths.export, s.export.format, s.export.speculative_tokens):
         typer.echo(str(out))

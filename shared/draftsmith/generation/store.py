@@ -130,9 +130,19 @@ def _sidecars(records_dir: Path) -> list[dict[str, Any]]:
 
 
 def _write_journal(records_dir: Path, metas: list[dict[str, Any]] | None = None) -> None:
+    """Rewrite the journal from the sidecars, unless it already lists exactly those shards (in any order: writers
+    append in completion order, the rebuild writes shard order)."""
     metas = _sidecars(records_dir) if metas is None else metas
-    atomic_write_text(records_dir / JOURNAL, "".join(json.dumps({k: m[k] for k in _JOURNAL_KEYS}) + "\n"
-                                                     for m in metas))
+    entries = [{k: m[k] for k in _JOURNAL_KEYS} for m in metas]
+    path = records_dir / JOURNAL
+    try:
+        old = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (FileNotFoundError, ValueError):
+        old = None
+    key = lambda e: json.dumps(e, sort_keys=True)  # noqa: E731
+    if old is not None and sorted(map(key, old)) == sorted(map(key, entries)):
+        return
+    atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in entries))
 
 
 def sweep_records(records_dir: Path) -> dict[str, int]:
@@ -163,7 +173,15 @@ def _write_manifest(records_dir: Path) -> dict[str, Any]:
         "ok": sum(s["ok"] for s in shards),
         "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    atomic_write_text(records_dir / "manifest.json", json.dumps(manifest, indent=1))
+    path = records_dir / "manifest.json"
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        old = None
+    if isinstance(old, dict) and {**old, "updated_at": None} == {**manifest, "updated_at": None}:
+        manifest = old  # nothing changed since it was written: keep the file (and its time) as it is
+    else:
+        atomic_write_text(path, json.dumps(manifest, indent=1))
     _write_journal(records_dir, metas)
     return manifest
 

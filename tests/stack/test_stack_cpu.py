@@ -1,28 +1,26 @@
 """The Compose stack, run for real the way the README tells a user without GPU: `make up ENGINE=cpu`.
 
-A drill, not part of `make test` yet: run it with `make test-stack` (pytest collects this file only when named).
-It has not passed end to end in one run on these 2-core machines, and a cold image build alone takes ~18 minutes
-here, beyond what CI can spend (issue 14 stays open; what it showed step by step is in docs/gpu-host.md).
+Part of `make test` (`make test-stack` runs it alone). Real containers: podman behind its Docker-compatible API,
+driven by docker-compose 1.29 (scripts/podman-host.sh installs and starts them where no Docker engine runs); real
+images built here without a registry (scripts/local-images.sh: Debian stand-ins for Python, Redis, Prometheus and
+Pushgateway; about 5 minutes cold on the CI machine); the real SmolLM2 target on vLLM's CPU build inside the
+project image. Every step is a make target of the README, with a `.env` made from `.env.example` and generated
+secrets. Grafana cannot run here (no registry or Debian package ships it): the stack starts with
+`--scale grafana=0`, and each dashboard query is evaluated against the stack's own Prometheus instead.
 
-Real containers (podman behind its Docker-compatible API, driven by docker-compose 1.29; scripts/podman-host.sh
-installs and starts them where no Docker engine runs), real images built here without a registry
-(scripts/local-images.sh: Debian stand-ins for Python, Redis, Prometheus and Pushgateway), the real SmolLM2 target
-on vLLM's CPU build inside the project image. Every step is a make target of the README, with a `.env` made from
-`.env.example` and generated secrets. Grafana cannot run here (no registry or Debian package ships it): the stack
-starts with `--scale grafana=0`, and each dashboard query is evaluated against the stack's own Prometheus instead.
-
-One test, in order (a step's failure names the step): up; enqueue + status until done, one record per prompt;
-a generator container SIGKILLed mid-batch, nothing lost or duplicated; build-data, extract; Prometheus targets all
-up and the dashboards' generation/queue/extraction/engine queries answered; down + up: the queue and runs survive,
-nothing redone. Not run here: train, export and eval, whose one-off containers (`docker compose run`) podman's
-Docker API refuses under docker-compose 1.29 ("link is not supported"); their dashboards are checked by name only
-(test_dashboards.py).
+One test, in order (a step's failure names the step): up; enqueue + status until done, one record per prompt; a
+generator container SIGKILLed mid-batch, nothing lost or duplicated; build-data and extract (exec in the stack);
+train (tiny) in the trainer's one-off container, export, the target restarted with the drafter and eval in the
+evaluator's one-off container (acceptance measured by vLLM); Prometheus targets all up and the dashboards' queries
+answered; down + up: the queue and the runs survive, nothing is redone. Afterwards nothing of the project is left
+(containers, volumes, network).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import time
 from collections import Counter
@@ -39,13 +37,16 @@ pytestmark = [pytest.mark.slow]
 PROJECT = "dsstack"
 RUN = "stack"
 PROMPTS = 32
+# the Docker CLI (through podman's API where no Docker engine runs), else podman's own, which takes the same arguments
+DOCKER = "docker" if shutil.which("docker") else "podman"
 UID = 1000  # the image's user (build arg UID): the host folders it writes must be its own
-# dashboard sources this test runs, by metric-name prefix (the trainer's and evaluator's metrics: see the docstring)
-# Open finding (branch report): in a manual run of these steps the extractor container's draftsmith_extract_* series
-# never reached Prometheus (its target was up), and the generation panels "ETA" (prompts_done/prompts_total) and
-# "Errors by reason" (no error happened) were empty; they are left out here until that is fixed.
-LIVE = ("draftsmith_generation_", "draftsmith_queue_", "draftsmith_workers_", "vllm:")
-NOT_LIVE = ("vllm:spec_decode_", "draftsmith_generation_errors_total", "draftsmith_generation_prompts_total")
+# dashboard sources this test runs, by metric-name prefix. Not live here: the trainer's metrics (its one-off container
+# lives about a minute; the training dashboard is checked by name in test_dashboards.py), and the counters of events
+# that do not happen in a healthy run (generation errors, samples skipped by extraction).
+LIVE = ("draftsmith_generation_", "draftsmith_queue_", "draftsmith_workers_", "draftsmith_extract_",
+        "draftsmith_eval_", "vllm:")
+NOT_LIVE = ("draftsmith_generation_errors_total", "draftsmith_extract_skipped_samples_total",
+            "draftsmith_eval_speedup")  # speedup needs a second server without the drafter; the stack has one target
 
 
 def sh(cmd: list[str], env: dict[str, str], timeout: float = 900, check: bool = True) -> str:
@@ -120,13 +121,34 @@ def stack(tmp_path_factory):
     try:
         yield ctx
     finally:
-        cli = ["docker", "compose"] if subprocess.run(["docker", "compose", "version"], capture_output=True,
-                                                      env=env).returncode == 0 else ["docker-compose"]
-        base = [*cli, "-p", PROJECT, "--env-file", str(env_file), "-f", "compose.yaml"]
-        profiles = [a for p in ("cpu", "train", "eval") for a in ("--profile", p)]
-        sh([*base, *profiles, "down", "-v", "--remove-orphans"], env, check=False, timeout=300)
+        teardown(env, env_file)
         if started_engine:
             sh(["scripts/podman-host.sh", "stop"], env, check=False)
+
+
+def teardown(env: dict[str, str], env_file: Path) -> None:
+    """`down -v`, then remove whatever of the project survived it and fail if anything is still there.
+
+    A container in its restart back-off when `down` lists the project can come back after `down` (seen here with
+    podman 4.3: an extractor looping on a Redis it could not resolve outlived `down -v` with the volumes).
+    """
+    v2 = DOCKER == "docker" and subprocess.run(["docker", "compose", "version"], capture_output=True, env=env)
+    cli = ["docker", "compose"] if v2 and v2.returncode == 0 else ["docker-compose"]
+    base = [*cli, "-p", PROJECT, "--env-file", str(env_file), "-f", "compose.yaml"]
+    profiles = [a for p in ("cpu", "train", "eval") for a in ("--profile", p)]
+    sh([*base, *profiles, "down", "-v", "--remove-orphans", "-t", "20"], env, check=False, timeout=300)
+    label = f"label=com.docker.compose.project={PROJECT}"
+    left = {}
+    for _ in range(3):
+        left = {kind: sh([DOCKER, *cmd, "-q", "--filter", label], env, check=False).split()
+                for kind, cmd in (("container", ["ps", "-a"]), ("volume", ["volume", "ls"]),
+                                  ("network", ["network", "ls"]))}
+        if not any(left.values()):
+            return
+        for kind, ids in left.items():
+            if ids:
+                sh([DOCKER, kind, "rm", "-f", *ids], env, check=False)
+    assert not any(left.values()), f"the stack left these behind after down -v: {left}"
 
 
 def up(ctx) -> None:
@@ -175,7 +197,7 @@ def test_stack_cpu_end_to_end(stack):
     out = sh([*mk, "enqueue", f"RUN={kill_run}", "LIMIT=24", "MAX_TOKENS=96", "BATCH=4"], env)
     assert "Pending: 24" in out, out[-2000:]
     victim = wait_busy_generator(ctx, r)
-    sh(["docker", "kill", "--signal", "KILL", victim], env)  # the Docker CLI: podman's API where no Docker runs
+    sh([DOCKER, "kill", "--signal", "KILL", victim], env)
     print(f"SIGKILLed generator container {victim} mid-batch")
     wait_for(lambda: sum(records(runs, kill_run).values()) >= 24, 900, 5, "the killed container's batch elsewhere")
     recs = records(runs, kill_run)
@@ -187,14 +209,34 @@ def test_stack_cpu_end_to_end(stack):
     assert list((runs / RUN / "data").rglob("*.safetensors")), "build-data wrote no shard"
     sh([*mk, "extract", "JOB_ENV=-e DRAFTSMITH_EXTRACT__LAYERS=[1,14,26]"], env)
     wait_for(lambda: extraction_done(runs / RUN), 900, 5, "the extractor container's feature shards")
-    # train and export are not run here: `make train` starts the trainer with `docker compose run`, which podman's
-    # Docker API refuses under docker-compose 1.29 ("link is not supported"); see the branch report.
 
-    # 5. Prometheus (the stack's own): every scrape target up, every dashboard query answered
+    # 5. train (tiny) in the trainer's one-off container, export in the generator, then serve the drafter
+    #    (DRAFTER_DIR in .env, make up recreates the target) and measure its acceptance in the evaluator's container
+    t0 = time.time()
+    sh([*mk, "train", "JOB_ENV=-e DRAFTSMITH_TRAIN__MAX_STEPS=12 -e DRAFTSMITH_TRAIN__EVAL_EVERY=6"], env, timeout=1200)
+    assert list((runs / RUN / "checkpoints").glob("*/model.safetensors")), "train wrote no checkpoint"
+    sh([*mk, "export"], env)
+    assert (runs / RUN / "export" / "eagle3" / "config.json").is_file(), "export wrote no eagle3 layout"
+    print(f"train + export: {time.time() - t0:.0f} s")
+    set_env(ctx["env_file"], "DRAFTER_DIR", f"/runs/{RUN}/export/eagle3")
+    up(ctx)
+    sh([*mk, "eval", "JOB_ENV=-e DRAFTSMITH_EVAL__LIMIT=2 -e DRAFTSMITH_EVAL__BASELINE=false "
+        "-e DRAFTSMITH_EVAL__MAX_TOKENS=32"], env, timeout=1200)
+    import json
+
+    report = json.loads((runs / RUN / "eval" / "report.json").read_text())
+    overall = report["results"][0]["overall"]
+    # a 12-step drafter proposes little that the target accepts: the test asserts that the served drafter drafted
+    # (vLLM's spec-decode counters moved), not its quality (that is the demo's job)
+    assert report["results"][0]["engine"] == "vllm" and report["k"] == 3, report["results"][0]
+    assert overall["acceptance_rate"] is not None and 1.0 <= overall["mean_acceptance_length"] <= 4.0, overall
+    print(f"eval: mean acceptance length {overall['mean_acceptance_length']:.2f}; {time.time() - t0:.0f} s")
+
+    # 6. Prometheus (the stack's own): every scrape target up, every dashboard query answered
     prom = f"http://127.0.0.1:{ctx['ports']['PROMETHEUS_PORT']}"
     check_prometheus(prom)
 
-    # 6. down, up: the queue and the runs survive on their volumes; nothing is redone
+    # 7. down, up: the queue and the runs survive on their volumes; nothing is redone
     work = ("records", "data", "features", "checkpoints", "export")  # what a redone stage would rewrite
     before = {p: p.stat().st_mtime_ns for d in work for p in (runs / RUN / d).rglob("*") if p.is_file()}
     assert any("features" in p.parts for p in before) and any("records" in p.parts for p in before)
@@ -207,7 +249,14 @@ def test_stack_cpu_end_to_end(stack):
     out = sh([*mk, "extract"], env)
     assert "nothing to do" in out, out[-2000:]
     after = {p: p.stat().st_mtime_ns for p in before if p.exists()}
-    assert after == before, "files of the run were rewritten after down/up"
+    changed = sorted(str(p.relative_to(runs)) for p in before if after.get(p) != before[p])
+    assert not changed, f"files of the run were rewritten or removed after down/up: {changed}"
+
+
+def set_env(env_file: Path, key: str, value: str) -> None:
+    """Set KEY=VALUE in the .env, as a user edits it."""
+    lines = [ln for ln in env_file.read_text().splitlines() if not ln.startswith(f"{key}=")]
+    env_file.write_text("\n".join([*lines, f"{key}={value}"]) + "\n")
 
 
 def wait_busy_generator(ctx, r: redis_lib.Redis) -> str:
@@ -216,7 +265,7 @@ def wait_busy_generator(ctx, r: redis_lib.Redis) -> str:
     from rq.serializers import JSONSerializer
     from rq.worker import Worker
 
-    names = sh(["docker", "ps", "--format", "{{.ID}} {{.Names}}", "--filter", f"label=com.docker.compose.project="
+    names = sh([DOCKER, "ps", "--format", "{{.ID}} {{.Names}}", "--filter", f"label=com.docker.compose.project="
                 f"{PROJECT}", "--filter", "label=com.docker.compose.service=generator"], ctx["env"]).split("\n")
     by_id = {line.split()[0][:12]: line.split()[1] for line in names if line.strip()}
     found: list[str] = []
@@ -257,18 +306,25 @@ def check_prometheus(prom: str) -> None:
     targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
     jobs = {t["labels"]["job"] for t in targets}
     assert {"target", "generator", "extractor", "queue-exporter", "evaluator", "prometheus"} <= jobs, jobs
-    end = time.time()
-    empty, checked = [], 0
+    queries = []
     for dashboard, title, expr in dashboard_queries():
         names = {n for n in promql_metric_names(expr) if not n.startswith("sglang:")}  # SGLang: another engine
-        if not names or not all(n.startswith(LIVE) and not n.startswith(NOT_LIVE) for n in names):
-            continue
-        checked += 1
-        q = concrete(expr, run_regex=".*", rate_interval="2m")
-        body = httpx.get(f"{prom}/api/v1/query_range", params={"query": q, "start": end - 1800, "end": end,
-                                                              "step": "15s"}, timeout=30).json()
-        assert body["status"] == "success", (dashboard, title, body)
-        if not body["data"]["result"]:
-            empty.append((dashboard, title, sorted(names)))
-    assert checked >= 20, checked
+        if names and all(n.startswith(LIVE) and not n.startswith(NOT_LIVE) for n in names):
+            queries.append((dashboard, title, sorted(names), concrete(expr, run_regex=".*", rate_interval="2m")))
+    assert len(queries) >= 30, len(queries)
+
+    def without_data() -> list:
+        end, empty = time.time(), []
+        for dashboard, title, names, q in queries:
+            body = httpx.get(f"{prom}/api/v1/query_range", params={"query": q, "start": end - 1800, "end": end,
+                                                                  "step": "15s"}, timeout=30).json()
+            assert body["status"] == "success", (dashboard, title, body)
+            if not body["data"]["result"]:
+                empty.append((dashboard, title, names))
+        return empty
+
+    # the evaluator's gauges reach Prometheus at the Pushgateway's next scrape (15 s) after the job pushed them
+    t0 = time.time()
+    while (empty := without_data()) and time.time() - t0 < 90:
+        time.sleep(10)
     assert not empty, f"dashboard queries without data: {empty}"
