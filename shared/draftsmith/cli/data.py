@@ -14,11 +14,9 @@ def _tokenizer_path(s) -> Path:
     """``data.tokenizer``, else ``target.path``, else the embedded target checkpoint folder."""
     if s.data.tokenizer:
         return Path(s.data.tokenizer).expanduser()
-    if s.target.path:
-        return Path(s.target.path).expanduser()
-    from draftsmith.target.embedded import embedded_dir
+    from draftsmith.target.checkpoint import target_checkpoint
 
-    return embedded_dir(s.target.cache_dir)
+    return target_checkpoint(s)
 
 
 @app.command("build-data")

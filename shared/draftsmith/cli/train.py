@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from draftsmith.cli import app, settings
+
+
+def train_summary(result: dict, status_file) -> str:
+    """Two human lines for the end of ``train``: steps, held-out (else train) top-1 accuracy per TTT step and
+    simulated acceptance length, the checkpoint; the full figures stay in ``status_file`` (``status/train.json``)."""
+    split = "held-out" if result.get("heldout") else "train"
+    fig = result.get("heldout") or result.get("train") or {}
+    acc = "/".join(f"{a:.2f}" for a in fig.get("acc") or []) or "-"
+    alen = fig.get("accept_len")
+    lines = [f"trained {result.get('step', 0)} steps ({result.get('epoch', 0)} epochs); {split}: top-1 accuracy per "
+             f"TTT step {acc}, simulated acceptance length {'-' if alen is None else f'{alen:.2f}'}",
+             f"checkpoint {result.get('checkpoint', '-')}; every figure: {status_file}"]
+    skipped = (result.get("extract_skipped_samples") or 0) + (result.get("nan_feature_samples") or 0)
+    if skipped:
+        lines.append(f"left out: {skipped} sample(s) with non-finite features")
+    return "\n".join(lines)
 
 
 @app.command("train")
@@ -34,7 +48,7 @@ def train_cmd(
         metrics.serve_metrics(s.metrics.port)
     result = trainer.run()
     if trainer.dist.main:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(train_summary(result, trainer.paths.status / "train.json"))
 
 
 @app.command("export")

@@ -9,7 +9,6 @@ records aux id ``k`` after decoder layer ``k - 1``; ``vllm/model_executor/models
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,15 +93,14 @@ class DraftConfig:
 
 
 def read_target_config(target_path: Path | str) -> dict[str, Any]:
-    """The target's ``config.json`` as a dict.
+    """The target's whole ``config.json`` (:func:`draftsmith.target.checkpoint.read_target_config`).
 
     Raises:
-        ModelError: no ``config.json`` in the folder.
+        ModelError: no readable ``config.json`` in the folder.
     """
-    path = Path(target_path) / "config.json"
-    if not path.is_file():
-        raise ModelError(f"{path} does not exist", "point target.path at a Hugging Face checkpoint folder")
-    return json.loads(path.read_text())
+    from draftsmith.target.checkpoint import read_target_config as read
+
+    return read(target_path)
 
 
 def is_mla(text_config: dict[str, Any]) -> bool:

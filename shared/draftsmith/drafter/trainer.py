@@ -147,13 +147,13 @@ class Trainer:
     """
 
     def __init__(self, settings, features: FeatureSource | None = None) -> None:
-        from draftsmith.target.embedded import embedded_dir
+        from draftsmith.target.checkpoint import target_checkpoint
 
         self.s, self.tc = settings, settings.train
         self.paths = RunPaths(settings.runs_dir, settings.run)
         self.dist = setup_distributed(self.tc.device)
         torch.manual_seed(self.tc.seed)
-        self.target_path = settings.target.path or str(embedded_dir(settings.target.cache_dir))
+        self.target_path = str(target_checkpoint(settings))
         self.samples = TrainSamples(self.paths.data)
         self.features = features or self._feature_source()
         self.vocab_size = self.tc.draft_vocab_size or settings.data.draft_vocab_size

@@ -26,17 +26,14 @@ log = get_logger(__name__)
 
 
 def target_dir(s: Settings) -> Path:
-    """The target checkpoint folder (``target.path`` or the embedded default).
+    """The target checkpoint folder (:func:`draftsmith.target.checkpoint.target_checkpoint`).
 
     Raises:
-        ModelError: the folder does not exist.
+        ModelError: no checkpoint there.
     """
-    from draftsmith.target.embedded import embedded_dir
+    from draftsmith.target.checkpoint import target_checkpoint
 
-    path = Path(s.target.path).expanduser() if s.target.path else embedded_dir(s.target.cache_dir)
-    if not (path / "config.json").is_file():
-        raise ModelError(f"no target checkpoint at {path}", "run `draftsmith target prepare` or set target.path")
-    return path
+    return target_checkpoint(s)
 
 
 def drafter_dir(s: Settings, paths: RunPaths) -> Path:

@@ -7,7 +7,6 @@ Layer-id convention: :mod:`draftsmith.features.layers`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,17 +27,15 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def target_config(path: Path) -> dict:
-    """The target's ``config.json`` (read without loading weights).
+    """The language-model part of the target's ``config.json``
+    (:func:`draftsmith.target.checkpoint.read_target_config` with ``text=True``).
 
     Raises:
         ModelError: the folder has no readable ``config.json``.
     """
-    f = Path(path) / "config.json"
-    try:
-        cfg = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot read the target config {f}: {e}", "set target.path to a checkpoint folder") from e
-    return cfg.get("text_config", cfg)
+    from draftsmith.target.checkpoint import read_target_config
+
+    return read_target_config(path, text=True)
 
 
 def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:

@@ -184,12 +184,13 @@ def make_plan(settings, run_dir: Path) -> ExtractPlan:
         DataError: missing or malformed data manifest; ModelError: unreadable target;
         ConfigError: layer ids out of range; DataError: the target's tokenizer differs from the data's.
     """
-    from draftsmith.target.embedded import EMBEDDED_NAME, embedded_dir
+    from draftsmith.target.checkpoint import target_checkpoint
+    from draftsmith.target.embedded import EMBEDDED_NAME
 
     run_dir = Path(run_dir)
     data_dir = run_dir / "data"
     manifest = load_data_manifest(data_dir)
-    target_dir = Path(settings.target.path) if settings.target.path else embedded_dir(settings.target.cache_dir)
+    target_dir = target_checkpoint(settings)
     cfg = target_config(target_dir)
     num_layers = int(cfg["num_hidden_layers"])
     layer_ids = parse_layer_ids(settings.extract.layers, num_layers)

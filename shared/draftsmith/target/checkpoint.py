@@ -29,7 +29,7 @@ def target_checkpoint(s: Settings, prepare: bool = False) -> Path:
         ModelError: ``target.path`` has no ``config.json``, or the embedded default is not prepared (and
             ``prepare`` is False).
     """
-    from draftsmith.target.embedded import embedded_dir, prepare_embedded
+    from draftsmith.target.embedded import embedded_dir, is_prepared, prepare_embedded
 
     if s.target.path:
         p = Path(s.target.path).expanduser()
@@ -38,7 +38,7 @@ def target_checkpoint(s: Settings, prepare: bool = False) -> Path:
                              "pass the folder that holds config.json, tokenizer and weights")
         return p
     p = embedded_dir(s.target.cache_dir)
-    if (p / "config.json").is_file() and (p / "draftsmith-prepared.json").is_file():
+    if is_prepared(p):
         return p
     if prepare:
         return prepare_embedded(s.target.cache_dir)
