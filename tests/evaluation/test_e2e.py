@@ -24,10 +24,16 @@ MODEL = "SmolLM2-135M-Instruct"
 def test_runner_multi_turn_on_real_server(vllm_server):
     client = VLLMClient(vllm_server, MODEL)
     mt = load_set("mt_bench", limit=1)
-    m = run_set(client, mt, k=3, concurrency=1, max_tokens=8, speculative=False)
+    m = run_set(client, mt, k=3, concurrency=1, max_tokens=8, speculative=False, draft_vocab=frozenset(range(100)))
     assert (m.requests, m.turns) == (1, 2)  # both MT-bench turns answered in one conversation
     assert 2 <= m.output_tokens <= 16
     assert m.output_tokens_per_s > 0 and m.acceptance is None
+    # the engine's generated ids are counted against the draft vocabulary, one by one
+    assert m.counted_tokens == m.output_tokens
+    everything = run_set(client, mt, k=3, max_tokens=8, speculative=False, draft_vocab=frozenset(range(49152)))
+    assert everything.draft_vocab_coverage == 1.0
+    nothing = run_set(client, mt, k=3, max_tokens=8, speculative=False, draft_vocab=frozenset())
+    assert nothing.draft_vocab_coverage == 0.0 and nothing.counted_tokens == nothing.output_tokens
     with pytest.raises(EngineError, match="without a drafter"):
         acceptance_from_counters(client.counters(), 3)
 
@@ -54,6 +60,8 @@ def test_eval_random_drafter_reports(tmp_path, embedded_target, random_drafter, 
     assert o["acceptance_rate"] == 0.0 and o["mean_acceptance_length"] == 1.0 and o["per_position"] == [0, 0, 0]
     assert o["output_tokens_per_s"] > 0 and o["baseline_output_tokens_per_s"] > 0 and o["speedup"] > 0
     assert r["sets"]["gsm8k"]["requests"] == 2
+    # the drafter's t2d read from its export: some of the target's answer tokens are in its draft vocabulary
+    assert 0.0 < o["draft_vocab_coverage"] <= 1.0
 
 
 @pytest.fixture

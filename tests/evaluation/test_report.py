@@ -63,3 +63,16 @@ def test_reports_and_gauges(tmp_path, fixtures_dir):
     assert REGISTRY.get_sample_value(
         "draftsmith_eval_acceptance_rate", {"run": "demo", "engine": "sglang", "set": "gsm8k"}
     ) == pytest.approx(63 / 215, abs=1e-4)  # SGLang's own proposed-draft count, not K x verify
+
+
+def test_draft_vocab_coverage_sums_counts_over_sets():
+    gsm = _vllm_measure("gsm8k", 10, 15, (8.0, 5.0, 2.0), 100, 4.0)
+    mt = _vllm_measure("mt_bench", 30, 15, (10.0, 4.0, 1.0), 200, 10.0)
+    gsm.in_draft_vocab, gsm.counted_tokens = 99, 100
+    mt.in_draft_vocab, mt.counted_tokens = 150, 200
+    tot = overall([gsm, mt], "vllm", 3)
+    assert tot.draft_vocab_coverage == pytest.approx(249 / 300)  # counts summed, not the two shares averaged
+    res = engine_result("vllm", 3, 0.0, [gsm, mt], tot, None, None)
+    assert res["sets"]["gsm8k"]["draft_vocab_coverage"] == 0.99 and res["overall"]["draft_vocab_coverage"] == 0.83
+    unknown = SetMeasure("alpaca", 1, 1, 10, 1.0)  # an engine that reports no token ids (SGLang's /generate)
+    assert unknown.draft_vocab_coverage is None and overall([unknown], "vllm", 3).draft_vocab_coverage is None

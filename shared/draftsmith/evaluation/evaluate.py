@@ -60,10 +60,24 @@ def _vllm_server(s: Settings, target: Path, speculative: dict | None, log_path: 
     return VLLMServer(spec, log_path).start(timeout_s=s.target.startup_timeout_s)
 
 
-def _measure(client, sets: list[EvalSet], s: Settings, speculative: bool) -> tuple[list[SetMeasure], SetMeasure]:
+def draft_vocab_ids(drafter: Path) -> frozenset[int] | None:
+    """Target ids of the draft vocabulary of an exported drafter (the true entries of its ``t2d`` ``[V]``), or None
+    when its weights carry no ``t2d`` (a drafter over the whole target vocabulary)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(drafter).glob("*.safetensors"))
+    for f in files:
+        with safe_open(str(f), "pt") as st:
+            if "t2d" in st.keys():
+                return frozenset(st.get_tensor("t2d").nonzero().flatten().tolist())
+    return None
+
+
+def _measure(client, sets: list[EvalSet], s: Settings, speculative: bool,
+             draft_vocab: frozenset[int] | None = None) -> tuple[list[SetMeasure], SetMeasure]:
     e = s.eval
-    ms = [run_set(client, es, e.k, e.concurrency, e.temperature, e.max_tokens, speculative=speculative)
-          for es in sets]
+    ms = [run_set(client, es, e.k, e.concurrency, e.temperature, e.max_tokens, speculative=speculative,
+                  draft_vocab=draft_vocab) for es in sets]
     return ms, overall(ms, client.engine, e.k)
 
 
@@ -79,7 +93,7 @@ def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], 
         else:
             url = stack.enter_context(_vllm_server(s, target, spec_cfg, logs / "eval-vllm-drafter.log")).url
         client = VLLMClient(url, resolve_model(url, s.target.model if e.url else target.name), e.request_timeout_s)
-        measures, total = _measure(client, sets, s, speculative=True)
+        measures, total = _measure(client, sets, s, speculative=True, draft_vocab=draft_vocab_ids(drafter))
     base, base_total = None, None
     if e.baseline:
         with ExitStack() as stack:

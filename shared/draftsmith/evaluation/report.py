@@ -27,6 +27,8 @@ DEFINITION = {
     "per_position": "verify steps that accepted the draft token at position i / verify steps",
     "output_tokens_per_s": "completion tokens of the set / wall time of the set, at the given concurrency",
     "speedup": "output_tokens_per_s with the drafter / baseline_output_tokens_per_s without it",
+    "draft_vocab_coverage": "generated target tokens inside the drafter's draft vocabulary / generated tokens "
+    "(0..1; a token outside it can never be drafted); vLLM only (from return_token_ids)",
 }
 
 
@@ -54,6 +56,7 @@ def set_entry(m: SetMeasure, baseline: SetMeasure | None) -> dict[str, Any]:
         "draft_tokens": a.draft_tokens if a else None,
         "accepted_tokens": a.accepted if a else None,
         "engine_reported_accept_length": _r(m.engine_figure),
+        "draft_vocab_coverage": _r(m.draft_vocab_coverage),
     }
 
 
@@ -104,14 +107,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     for res in report["results"]:
         lines += [f"## {res['engine']}", "",
                   "| set | acceptance rate | mean acceptance length | per position | output tok/s | baseline tok/s "
-                  "| speedup | engine's own figure |",
-                  "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+                  "| speedup | engine's own figure | draft vocab coverage |",
+                  "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
         for name, e in [*res["sets"].items(), ("**overall**", res["overall"])]:
             pos = ", ".join(_fmt(p, pct=True) for p in e["per_position"]) or "-"
             lines.append(
                 f"| {name} | {_fmt(e['acceptance_rate'], pct=True)} | {_fmt(e['mean_acceptance_length'])} | {pos} | "
                 f"{_fmt(e['output_tokens_per_s'])} | {_fmt(e['baseline_output_tokens_per_s'])} | "
-                f"{_fmt(e['speedup'])} | {_fmt(e['engine_reported_accept_length'])} |")
+                f"{_fmt(e['speedup'])} | {_fmt(e['engine_reported_accept_length'])} | "
+                f"{_fmt(e.get('draft_vocab_coverage'), pct=True)} |")
         lines.append("")
     if report.get("offline"):
         o = report["offline"]

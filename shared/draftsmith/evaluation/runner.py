@@ -28,11 +28,13 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class Turn:
-    """One generated assistant turn: its text, completion tokens and the engine's per-request info (SGLang)."""
+    """One generated assistant turn: its text, completion tokens, the engine's per-request info (SGLang) and the
+    generated target token ids where the engine reports them (vLLM ``return_token_ids``)."""
 
     text: str
     completion_tokens: int
     meta_info: dict[str, Any] | None = None
+    token_ids: tuple[int, ...] | None = None
 
 
 class EngineClient(Protocol):
@@ -76,10 +78,12 @@ class VLLMClient:
 
     def generate(self, messages: list[dict[str, str]], max_tokens: int, temperature: float) -> Turn:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-                "seed": 0}
+                "seed": 0, "return_token_ids": True}
         out = _post(self._http, f"{self.url}/v1/chat/completions", body)
-        msg = out["choices"][0]["message"]
-        return Turn(msg.get("content") or "", int(out["usage"]["completion_tokens"]))
+        choice = out["choices"][0]
+        ids = choice.get("token_ids")
+        return Turn(choice["message"].get("content") or "", int(out["usage"]["completion_tokens"]),
+                    token_ids=tuple(ids) if ids is not None else None)
 
     def counters(self) -> SpecCounters:
         return SpecCounters.from_text(fetch(self.url), self.model)
@@ -122,6 +126,16 @@ class SetMeasure:
     engine_figure: float | None = None  # the engine's own accept-length figure, for the report's cross-check
     counters: Any = None
     metas: list[dict[str, Any]] = field(default_factory=list)
+    in_draft_vocab: int | None = None  # generated tokens inside the drafter's draft vocabulary (None: not known)
+    counted_tokens: int = 0  # generated tokens whose ids the engine reported (the coverage denominator)
+
+    @property
+    def draft_vocab_coverage(self) -> float | None:
+        """Share of the target's generated tokens that lie in the draft vocabulary (0..1): a token outside it can
+        never be drafted, so it bounds the acceptance of every position."""
+        if self.in_draft_vocab is None or not self.counted_tokens:
+            return None
+        return self.in_draft_vocab / self.counted_tokens
 
     @property
     def output_tokens_per_s(self) -> float | None:
@@ -141,7 +155,8 @@ def _answer(client: EngineClient, prompt: EvalPrompt, max_tokens: int, temperatu
 
 
 def run_set(client: EngineClient, eval_set: EvalSet, k: int, concurrency: int = 1, temperature: float = 0.0,
-            max_tokens: int = 256, system: str | None = None, speculative: bool = True) -> SetMeasure:
+            max_tokens: int = 256, system: str | None = None, speculative: bool = True,
+            draft_vocab: frozenset[int] | None = None) -> SetMeasure:
     """Answer every prompt of a set and measure it.
 
     Args:
@@ -153,6 +168,9 @@ def run_set(client: EngineClient, eval_set: EvalSet, k: int, concurrency: int = 
         max_tokens: most new tokens per assistant turn.
         system: optional system message.
         speculative: False for a baseline run (no drafter): no acceptance is read.
+        draft_vocab: target ids of the drafter's draft vocabulary (``t2d``'s true entries); with it, the share of
+            generated tokens inside it is measured (:attr:`SetMeasure.draft_vocab_coverage`) where the engine
+            reports token ids.
 
     Returns:
         :class:`SetMeasure`.
@@ -169,6 +187,11 @@ def run_set(client: EngineClient, eval_set: EvalSet, k: int, concurrency: int = 
     turns = [t for r in results for t in r]
     m.turns = len(turns)
     m.output_tokens = sum(t.completion_tokens for t in turns)
+    if draft_vocab is not None:
+        counted = [t.token_ids for t in turns if t.token_ids is not None]
+        if counted:
+            m.counted_tokens = sum(len(ids) for ids in counted)
+            m.in_draft_vocab = sum(1 for ids in counted for i in ids if i in draft_vocab)
     if speculative:
         if client.engine == "vllm":
             m.counters = client.counters() - before
@@ -191,6 +214,10 @@ def overall(measures: list[SetMeasure], engine: str, k: int) -> SetMeasure:
     """All sets together: sums of counters (vLLM) or of per-request counts (SGLang), then the formulas once."""
     o = SetMeasure(name="overall", requests=sum(m.requests for m in measures), turns=sum(m.turns for m in measures),
                    output_tokens=sum(m.output_tokens for m in measures), wall_s=sum(m.wall_s for m in measures))
+    known = [m for m in measures if m.in_draft_vocab is not None]
+    if known:
+        o.in_draft_vocab = sum(m.in_draft_vocab for m in known)
+        o.counted_tokens = sum(m.counted_tokens for m in known)
     if measures and all(m.acceptance is not None for m in measures):
         if engine == "vllm":
             acc = measures[0].counters
