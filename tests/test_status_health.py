@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.queues import get_queue
@@ -103,3 +104,18 @@ def test_full_disk_is_stalled_not_running(tmp_path, redis_url):
     line = next(x for x in p.stdout.splitlines() if x.startswith("generation"))
     assert line.startswith("generation: [stalled] 0/8 done") and "disk full: 0.00 GB free" in line, line
     assert "free some space" in line
+
+
+def test_every_stage_snapshot_has_one_shape_and_status_prints_its_line(tmp_path):
+    from draftsmith.status import read_snapshots, snapshot_line, snapshot_phase, write_snapshot
+
+    snap = write_snapshot(tmp_path, "train", "running", "step 3/10 loss 2.1", step=3)
+    assert set(snap) == {"stage", "phase", "line", "updated_at", "step"} and isinstance(snap["updated_at"], float)
+    (tmp_path / "status" / "old.json").write_text('{"stage": "old", "updated_at": "2026-11-30T10:00:00Z"}')
+    (tmp_path / "status" / "torn.json").write_text('{"stage": ')
+    snaps = {s["stage"]: s for s in read_snapshots(tmp_path)}
+    assert set(snaps) == {"train", "old"}  # an unreadable file is left out, not fatal
+    assert snapshot_line(snaps["train"]) == "step 3/10 loss 2.1" and snapshot_phase(snaps["train"]) == "running"
+    assert snaps["old"]["updated_at"] == 0.0 and snapshot_line(snaps["old"]) == "(no progress line yet)"
+    with pytest.raises(ValueError, match="unknown stage phase"):
+        write_snapshot(tmp_path, "train", "finished", "x")

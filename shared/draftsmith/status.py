@@ -1,7 +1,9 @@
 """``draftsmith status``: one line per stage of a run, from the first second of the run.
 
-Generation reads the live Redis hash (or the record shards on disk when Redis lost it); the other stages write a
-JSON snapshot to ``runs/<run>/status/<stage>.json`` (``phase``, ``line``, ``updated_at``) which is shown as is.
+Generation reads the live Redis hash (or the record shards on disk when Redis lost it); every other stage writes
+one snapshot shape to ``runs/<run>/status/<stage>.json`` (:func:`stage_snapshot`: ``stage``, ``phase``, ``line``,
+``updated_at`` in epoch seconds, plus the stage's own figures), and ``status`` prints its ``line`` without knowing
+anything else about the stage.
 """
 
 from __future__ import annotations
@@ -16,68 +18,60 @@ import typer
 from draftsmith.config import Settings
 from draftsmith.paths import RunPaths, atomic_write_text
 
-
-def write_snapshot(run_root: Path, stage: str, phase: str, line: str, **numbers: object) -> None:
-    """Write a stage's status snapshot (atomic); ``numbers`` are kept for tools and tests."""
-    snap = {"stage": stage, "phase": phase, "line": line, "updated_at": time.time(), **numbers}
-    atomic_write_text(Path(run_root) / "status" / f"{stage}.json", json.dumps(snap, default=str))
+PHASES = ("running", "done", "failed", "skipped")
 
 
-def _ts(v: object) -> float:
-    """A snapshot's ``updated_at`` as epoch seconds (stages write floats or ISO-8601 UTC strings)."""
-    if isinstance(v, (int, float)):
-        return float(v)
-    try:
-        import calendar
+def stage_snapshot(stage: str, phase: str, line: str, **numbers: object) -> dict:
+    """The one snapshot shape every stage writes to ``runs/<run>/status/<stage>.json``.
 
-        return float(calendar.timegm(time.strptime(str(v), "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        return 0.0
+    Args:
+        stage: the stage's name (``data``, ``extract``, ``train``, ...).
+        phase: one of :data:`PHASES`.
+        line: the human progress line ``status`` prints as is.
+        numbers: the stage's own figures, kept for tools, dashboards and tests (``status`` never reads them).
+
+    Returns:
+        ``{"stage", "phase", "line", "updated_at" (epoch seconds, float), **numbers}``.
+
+    Raises:
+        ValueError: an unknown phase.
+    """
+    if phase not in PHASES:
+        raise ValueError(f"unknown stage phase {phase!r} (one of {', '.join(PHASES)})")
+    return {"stage": stage, "phase": phase, "line": line, "updated_at": time.time(), **numbers}
+
+
+def write_snapshot(run_root: Path, stage: str, phase: str, line: str, **numbers: object) -> dict:
+    """Write a stage's status snapshot (:func:`stage_snapshot`, atomically) and return it."""
+    snap = stage_snapshot(stage, phase, line, **numbers)
+    atomic_write_text(Path(run_root) / "status" / f"{stage}.json", json.dumps(snap, indent=1, default=str))
+    return snap
 
 
 def read_snapshots(run_root: Path) -> list[dict]:
-    """Every stage snapshot of a run, least recently updated first."""
+    """Every stage snapshot of a run, least recently updated first (unreadable files are left out)."""
     out = []
     for p in sorted((Path(run_root) / "status").glob("*.json")):
         try:
             snap = json.loads(p.read_text())
         except (OSError, ValueError):
             continue
+        if not isinstance(snap, dict):
+            continue
         snap.setdefault("stage", p.stem)
-        snap["updated_at"] = _ts(snap.get("updated_at", 0))
+        snap["updated_at"] = float(snap["updated_at"]) if isinstance(snap.get("updated_at"), (int, float)) else 0.0
         out.append(snap)
     return sorted(out, key=lambda d: d["updated_at"])
 
 
 def snapshot_phase(snap: dict) -> str:
-    """``done``/``running``/... of a snapshot (from ``phase``, or from its counters)."""
-    if snap.get("phase"):
-        return str(snap["phase"])
-    for done, total in (("shards_done", "shards_total"), ("step", "total_steps")):
-        if total in snap and snap.get(total):
-            return "done" if snap.get(done, 0) >= snap[total] else "running"
-    return "running"
+    """The snapshot's ``phase`` (``running`` for a snapshot written without one)."""
+    return str(snap.get("phase") or "running")
 
 
 def snapshot_line(snap: dict) -> str:
-    """One progress line of a stage snapshot (its own ``line``, or one built from the known counters)."""
-    if snap.get("line"):
-        return str(snap["line"])
-    if snap.get("stage") == "extract" or "shards_total" in snap:
-        return (f"shards {snap.get('shards_done', 0)}/{snap.get('shards_total', '?')}, samples "
-                f"{snap.get('samples_done', 0)}/{snap.get('samples_total', '?')}, tokens {snap.get('tokens_done', 0)}"
-                f"/{snap.get('tokens_total', '?')}, {snap.get('tokens_per_s', 0):.0f} tok/s, "
-                f"{snap.get('bytes_written', 0) / 1e6:.1f} MB written, {snap.get('free_disk_bytes', 0) / 1e9:.1f} GB "
-                f"free, skipped {snap.get('skipped_samples', 0)}")
-    if snap.get("stage") == "train" or "total_steps" in snap:
-        tr = snap.get("train") or {}
-        acc = "/".join(f"{a:.2f}" for a in tr.get("acc", []))
-        return (f"step {snap.get('step', 0)}/{snap.get('total_steps', '?')} epoch {snap.get('epoch', 0)} loss "
-                f"{(tr.get('loss') or [float('nan')])[0]:.3f} acc {acc or '-'} accept_len "
-                f"{tr.get('accept_len', float('nan')):.2f} lr {snap.get('lr', 0):.2e} "
-                f"{snap.get('tokens_per_s', 0):.0f} tok/s")
-    keys = [k for k in snap if k not in ("stage", "updated_at")][:8]
-    return ", ".join(f"{k} {snap[k]}" for k in keys)
+    """The snapshot's human ``line``, as the stage wrote it."""
+    return str(snap.get("line") or "(no progress line yet)")
 
 
 @dataclass

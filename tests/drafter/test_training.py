@@ -33,6 +33,8 @@ def test_training_learns_and_reports(run_factory, caplog):
     assert json.loads((tr.paths.checkpoints / "latest.json").read_text())["step"] == 12
     status = json.loads((tr.paths.status / "train.json").read_text())
     assert status["step"] == 12 and len(status["train"]["acc"]) == 3
+    assert (status["stage"], status["phase"]) == ("train", "done") and isinstance(status["updated_at"], float)
+    assert status["line"].startswith("step      12/12 epoch ")
     from prometheus_client import REGISTRY
 
     assert REGISTRY.get_sample_value("draftsmith_train_step", {"run": "learn"}) == 12

@@ -48,6 +48,9 @@ def test_extract_job_writes_formats_md_section_4(data_run, make_settings):
     assert st["samples_done"] == 5 and st["tokens_done"] == sum(sum(d["lengths"]) for d in data["shards"])
     assert st["bytes_written"] > st["tokens_done"] * 4608  # 4608 B/token in bf16 plus headers
     assert st["free_disk_bytes"] > 0 and st["tokens_per_s"] > 0 and st["samples_per_s"] > 0
+    # the one snapshot shape (draftsmith.status.stage_snapshot): status prints the line without knowing the stage
+    assert (st["stage"], st["phase"]) == ("extract", "done") and isinstance(st["updated_at"], float)
+    assert st["line"].startswith("shards 2/2, samples 5/5, tokens ")
     # the stored tensors are the model's: sample 1 of shard 0 recomputed on its own
     plan = make_plan(s, data_run)
     seq = read_data_shard(plan.data_dir, plan.shards[0])[1]

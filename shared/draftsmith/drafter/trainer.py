@@ -13,7 +13,6 @@ per ``train.log_every`` steps, mirrors it as Prometheus metrics (``draftsmith.me
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -40,7 +39,7 @@ from draftsmith.drafter.ttt import StepStats, target_view, ttt_loss
 from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
 from draftsmith.errors import DataError, Interrupted, TrainingError
 from draftsmith.log import get_logger
-from draftsmith.paths import RunPaths, atomic_write_text
+from draftsmith.paths import RunPaths
 
 log = get_logger(__name__)
 
@@ -378,16 +377,19 @@ class Trainer:
                 metrics.TRAIN_ACC.labels(run, split, str(j)).set(acc_j)
             metrics.TRAIN_ACCEPT_LEN.labels(run, split).set(st.acceptance_length)
         if self.dist.main:
-            snap = {"stage": "train", "step": self.step, "total_steps": self.total_steps, "epoch": self.epoch,
-                    "lr": lr, "tokens_per_s": tps, "elapsed_s": time.time() - t0,
-                    "train": {"loss": interval.losses, "acc": interval.accs,
-                              "accept_len": interval.acceptance_length},
-                    "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,
-                                                          "accept_len": held.acceptance_length},
-                    "nan_feature_samples": self.nan_features,
-                    "extract_skipped_samples": self.extract_skipped,
-                    "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            atomic_write_text(self.paths.status / "train.json", json.dumps(snap, indent=2))
+            from draftsmith.status import write_snapshot
+
+            done = not line  # the closing report after the last step
+            write_snapshot(
+                self.paths.root, "train", "done" if done else "running",
+                progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0)
+                + ("" if held is None else f" | held-out accept_len {held.acceptance_length:.3f}"),
+                step=self.step, total_steps=self.total_steps, epoch=self.epoch, lr=lr, tokens_per_s=tps,
+                elapsed_s=time.time() - t0,
+                train={"loss": interval.losses, "acc": interval.accs, "accept_len": interval.acceptance_length},
+                heldout=None if held is None else {"loss": held.losses, "acc": held.accs,
+                                                   "accept_len": held.acceptance_length},
+                nan_feature_samples=self.nan_features, extract_skipped_samples=self.extract_skipped)
 
     def run(self, stop_at: int | None = None) -> dict[str, Any]:
         """Train until ``max_steps`` or the last epoch; returns the final train / held-out figures.

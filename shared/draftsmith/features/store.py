@@ -23,6 +23,7 @@ from draftsmith.errors import DataError
 from draftsmith.features.plan import ExtractPlan, sha256_file
 from draftsmith.log import get_logger
 from draftsmith.paths import atomic_write_text
+from draftsmith.status import stage_snapshot
 
 log = get_logger(__name__)
 
@@ -186,7 +187,8 @@ def rebuild_manifest(plan: ExtractPlan) -> dict:
 
 
 def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None = None) -> dict:
-    """Write ``runs/<run>/status/extract.json``: progress, rates, bytes and free disk.
+    """Write ``runs/<run>/status/extract.json`` (the one snapshot shape, :func:`draftsmith.status.stage_snapshot`):
+    progress, rates, bytes and free disk.
 
     Rates: ``tokens_per_s`` / ``samples_per_s`` count shards finished since ``started_at`` (the extract command's
     start, kept in the file across calls) over the elapsed wall time; ``compute_tokens_per_s`` is tokens over the
@@ -201,9 +203,7 @@ def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None =
         recent = [s for s in sides if s.get("finished_at", 0) >= started]
         elapsed = max(time.time() - started, 1e-9)
         secs = sum(s["seconds"] for s in sides)
-        snap = {
-            "stage": "extract",
-            "updated_at": time.time(),
+        numbers = {
             "started_at": started,
             "backend": plan.backend,
             "shards_done": len(sides),
@@ -220,6 +220,13 @@ def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None =
             "tokens_per_s": round(sum(s["tokens"] for s in recent) / elapsed, 1),
             "compute_tokens_per_s": round(sum(s["tokens"] for s in sides) / secs, 1) if secs else 0.0,
         }
+        n = numbers
+        line = (f"shards {n['shards_done']}/{n['shards_total']}, samples {n['samples_done']}/{n['samples_total']}, "
+                f"tokens {n['tokens_done']}/{n['tokens_total']}, {n['tokens_per_s']:.0f} tok/s, "
+                f"{n['bytes_written'] / 1e6:.1f} MB written, {n['free_disk_bytes'] / 1e9:.1f} GB free, "
+                f"skipped {n['skipped_samples']}")
+        done = n["shards_total"] > 0 and n["shards_done"] >= n["shards_total"]
+        snap = stage_snapshot("extract", "done" if done else "running", line, **numbers)
         status_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(f, json.dumps(snap, indent=1))
     return snap
