@@ -37,7 +37,7 @@ def setup_logging(level: str | int = "INFO", secrets: tuple[str | None, ...] = (
     """Configure the root logger once per process.
 
     Lines go to stderr unbuffered, so a log redirected to a file shows every phase as it happens
-    (failure mode 3 in ``../shared/notes/failure-modes.md``). Calling it again only changes the level and adds
+    (an operator's log once stayed empty for 35 s behind Python's output buffering). Calling it again only changes the level and adds
     ``secrets`` (strings masked in every line; values shorter than 4 characters are ignored).
     """
     root = logging.getLogger()

@@ -1,7 +1,7 @@
 """Token-exact validation: the supervised span of every turn must equal the ids the server says it generated.
 
 This is the check that would have caught the seed's bug (reasoning not wrapped in the model's thinking tokens,
-failure mode 1 in ``../shared/notes/failure-modes.md``): the rendered text then differs from what the target
+as in SpecForge #296 for Qwen3's thinking templates; ``docs/data.md``): the rendered text then differs from what the target
 produced, and the first differing token shows where.
 """
 

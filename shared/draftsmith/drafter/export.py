@@ -1,4 +1,4 @@
-"""Export a trained drafter in the two layouts serving engines load (``../shared/notes/eagle3.md``).
+"""Export a trained drafter in the two layouts serving engines load (``docs/formats.md``).
 
 1. ``eagle3`` (EAGLE / SpecForge; SGLang and vLLM): ``LlamaForCausalLMEagle3`` config with every engine-read field
    copied from the target and ``eagle_config``; weights ``fc.weight``, ``midlayer.*``, ``norm.weight``,

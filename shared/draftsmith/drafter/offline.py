@@ -1,6 +1,6 @@
 """Offline acceptance estimate: greedy chain speculation of an exported drafter against the target, in transformers.
 
-Same definitions as vLLM's ``vllm:spec_decode_*`` counters (``../shared/notes/eagle3.md``): per drafting round the
+Same definitions as vLLM's ``vllm:spec_decode_*`` counters (``docs/evaluation.md``): per drafting round the
 drafter proposes ``k`` tokens; the target verifies them greedily (temperature 0) and accepts the longest matching
 prefix, then adds its own bonus token. ``acceptance_rate = accepted / draft_tokens``, ``mean_acceptance_length =
 1 + accepted / drafts`` (1 to k+1, bonus token included), ``per_position[p] = accepted at position p / drafts``.

@@ -7,8 +7,8 @@ AdamW state live sharded between steps and are gathered for each micro-batch (th
 layer k times, so finer units would gather it k times). Ranks stay in lockstep: a micro-batch that has to be
 skipped (NaN features) is replaced by a stand-in whose loss is multiplied by 0. Prints one fixed-format progress line
 per ``train.log_every`` steps, mirrors it as Prometheus metrics (``draftsmith.metrics`` training section) and as
-``runs/<run>/status/train.json``. Everything is validated before the first write (failure modes 10-18 of
-``../shared/notes/failure-modes.md``).
+``runs/<run>/status/train.json``. Everything is validated before the first write (NaN features: SpecForge
+#104; full-vocabulary logits: SpecForge #466; resume: SpecForge PRs 243/496/587; ``docs/training.md``).
 """
 
 from __future__ import annotations

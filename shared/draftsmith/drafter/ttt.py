@@ -117,7 +117,7 @@ class StepStats:
 
 
 def simulated_acceptance_length(accs: list[float]) -> float:
-    """``1 + sum_j prod_{i<=j} acc_i`` (greedy chain; includes the bonus token). Source: eagle3.md, SpecForge."""
+    """``1 + sum_j prod_{i<=j} acc_i`` (greedy chain; includes the bonus token). Source: SpecForge; ``docs/evaluation.md``."""
     total, prod = 1.0, 1.0
     for a in accs:
         prod *= a

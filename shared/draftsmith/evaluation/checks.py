@@ -1,7 +1,7 @@
 """Refuse a drafter that does not fit the target before any engine starts (minutes saved, no silent zero).
 
 Checked against the target's ``config.json`` and the drafter's EAGLE-layout export (``config.json`` +
-``model.safetensors``, ``../shared/notes/eagle3.md``): hidden size (``fc.weight`` is ``[H_d, 3*H_t]``), target
+``model.safetensors``, ``docs/formats.md``): hidden size (``fc.weight`` is ``[H_d, 3*H_t]``), target
 vocabulary (``t2d`` has one entry per target token; ``vocab_size`` equals the target's), draft vocabulary (``d2t``
 and ``lm_head`` have ``draft_vocab_size`` rows, ``t2d`` has that many true entries), aux layer ids (three distinct
 ids inside ``[0, L-1]``, vLLM/SpecForge convention: output of decoder layer i) and the position limit (a drafter

@@ -4,7 +4,7 @@ Counters (vLLM v1, ``vllm/v1/spec_decode/metrics.py``; all ``_total``, one serie
 ``vllm:spec_decode_num_drafts`` (verify steps that carried a draft), ``vllm:spec_decode_num_draft_tokens`` (draft
 tokens proposed, K per draft under chain drafting), ``vllm:spec_decode_num_accepted_tokens`` and
 ``vllm:spec_decode_num_accepted_tokens_per_pos{position}``. Formulas (the ones vLLM's own Grafana panels use,
-``../shared/notes/eagle3.md``), applied to the difference of two snapshots:
+``docs/evaluation.md``), applied to the difference of two snapshots:
 
 - acceptance rate            = accepted / draft_tokens                        (0..1)
 - mean acceptance length     = 1 + accepted / drafts   (tokens per verify step, bonus token counted; 1..K+1)

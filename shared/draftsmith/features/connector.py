@@ -2,7 +2,7 @@
 
 vLLM's ``ExampleHiddenStatesConnector`` copies the hidden states out of the cache into pinned host memory on a
 CUDA stream; vLLM's CPU build dies on the first request there (``RuntimeError: pin_memory=True requires a CUDA or
-other accelerator backend``, ../shared/notes/embedded-target.md). This subclass keeps vLLM's scheduler side
+other accelerator backend``, ``docs/extraction.md``). This subclass keeps vLLM's scheduler side
 (paths, lock files, delayed block freeing) and replaces only the worker-side copy: on CPU a plain synchronous
 copy; on CUDA a device-to-host copy into ordinary (pageable) memory, synchronised before the write.
 

@@ -1,6 +1,6 @@
 """Streamed features: the trainer asks for a batch's features computed on the fly, with no feature store.
 
-For targets whose features would not fit on disk (eagle3.md: 1.1 TB for 10,000 x 2,000 tokens of Kimi-K2). The
+For targets whose features would not fit on disk (``(3 + 1) * H * 2`` bytes per token in bf16: 1.1 TB for 10,000 x 2,000 tokens of Kimi-K2, H = 7168). The
 values are exactly the stored ones: same backend, same batch plan for the same samples, same cast to the stored
 dtype, same NaN/Inf rule (tests/features/test_stream.py compares them bit for bit).
 

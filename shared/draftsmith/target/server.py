@@ -1,8 +1,8 @@
 """Start vLLM's CPU build as an OpenAI-compatible server, wait until it answers, stop it cleanly.
 
 On the GPU host the target is the official vLLM or SGLang server (``compose.yaml``); this module is the embedded
-CPU default, also used by the evaluator to start the target with a drafter. CPU settings measured on these
-machines (``../shared/notes/embedded-target.md``): bind OpenMP to every core, reserve none, preload Intel OpenMP,
+CPU default, also used by the evaluator to start the target with a drafter. CPU settings measured on 2-core
+x86 machines (``docs/benchmarks.md``): bind OpenMP to every core, reserve none, preload Intel OpenMP,
 serve in float32 (no native bf16 arithmetic here).
 """
 
