@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from draftsmith.artifacts.records import RECORD_SCHEMA
 from draftsmith.config import DataConfig
 from draftsmith.data.build import build_data
 from draftsmith.data.render import load_tokenizer
@@ -38,7 +39,7 @@ def main() -> None:
     for i, row in enumerate(rows):
         msgs = [{"role": "user", "content": row["question"]}, {"role": "assistant", "content": row["answer"]}]
         ids = tok(row["answer"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
-        records.append({"schema": "draftsmith.record/1", "id": f"{i:016x}", "status": "ok", "error": None,
+        records.append({"schema": RECORD_SCHEMA, "id": f"{i:016x}", "status": "ok", "error": None,
                         "model": folder.name, "messages": [{**m, "reasoning": None} for m in msgs],
                         "turns": [{"finish_reason": "stop", "usage": {}, "token_ids": ids, "reasoning_field": None,
                                    "latency_s": 0.0}], "sampling": {}, "job_id": "bench", "created_at": ""})

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from draftsmith.artifacts import data as data_artifact
 from draftsmith.config import load_settings
 from draftsmith.features.hf import plan_batches
 from draftsmith.features.jobs import extract_shard, get_extractor
@@ -38,16 +38,16 @@ def write_data(run_dir: Path, target: Path, samples: int, length: int, shard_sam
         lens = torch.randint(length // 2, length + 1, (min(shard_samples, samples - si),), generator=g).tolist()
         ids = torch.randint(3, 49152, (sum(lens),), generator=g, dtype=torch.int32)
         off = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
-        f = data / f"samples-{si // shard_samples:05d}.safetensors"
+        f = data / data_artifact.shard_file(si // shard_samples)
         save_file({"input_ids": ids, "loss_mask": torch.ones(sum(lens), dtype=torch.uint8), "offsets": off}, str(f))
         shards.append({"file": f.name, "sample_ids": [f"s{si + k}" for k in range(len(lens))], "lengths": lens,
                        "sha256": hashlib.sha256(f.read_bytes()).hexdigest()})
     from draftsmith.data.render import load_tokenizer, tokenizer_sha256
 
     tok_sha = tokenizer_sha256(load_tokenizer(target), target)
-    (data / "manifest.json").write_text(json.dumps({
-        "schema": "draftsmith.data/1", "tokenizer": {"path": str(target), "sha256": tok_sha},
-        "target_model": target.name, "max_length": length, "shards": shards, "config": {}}))
+    data_artifact.write_manifest(data, {
+        "schema": data_artifact.DATA_SCHEMA, "tokenizer": {"path": str(target), "sha256": tok_sha},
+        "target_model": target.name, "max_length": length, "shards": shards, "config": {}})
 
 
 def main() -> None:

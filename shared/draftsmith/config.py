@@ -32,6 +32,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from draftsmith.artifacts.data import STATS_FILE
 from draftsmith.errors import ConfigError
 
 
@@ -132,7 +133,7 @@ class DataConfig(Section):
 
     max_length: int = Field(2048, ge=16, description="Longest training sample, in tokens.")
     too_long: Literal["truncate", "drop"] = Field(
-        "truncate", description="Policy for samples longer than max_length (both counted in stats.json)."
+        "truncate", description=f"Policy for samples longer than max_length (both counted in {STATS_FILE})."
     )
     truncated_answers: Literal["keep", "drop"] = Field(
         "keep", description="Policy for turns cut by finish_reason=length (kept turns supervise no end-of-turn)."

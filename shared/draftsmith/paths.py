@@ -47,47 +47,102 @@ class RunPaths:
 
     @property
     def root(self) -> Path:
+        """``<runs_dir>/<run>``."""
         return Path(self.runs_dir) / self.run
 
     @property
     def config(self) -> Path:
+        """``config.yaml``: resolved config of the last command that wrote to the run."""
         return self.root / "config.yaml"
 
     @property
     def prompts(self) -> Path:
+        """``prompts.jsonl``: the unique prompts of ``enqueue``."""
         return self.root / "prompts.jsonl"
 
     @property
     def records(self) -> Path:
+        """``records/``: generation shards (:mod:`draftsmith.artifacts.records`)."""
         return self.root / "records"
 
     @property
     def data(self) -> Path:
+        """``data/``: training samples (:mod:`draftsmith.artifacts.data`)."""
         return self.root / "data"
 
     @property
     def features(self) -> Path:
+        """``features/``: target features (:mod:`draftsmith.artifacts.features`)."""
         return self.root / "features"
 
     @property
     def checkpoints(self) -> Path:
+        """``checkpoints/``: training checkpoints (:mod:`draftsmith.artifacts.checkpoints`)."""
         return self.root / "checkpoints"
 
     @property
     def export(self) -> Path:
+        """``export/``: exported drafters."""
         return self.root / "export"
 
     @property
     def eval(self) -> Path:
+        """``eval/``: evaluation reports."""
         return self.root / "eval"
 
     @property
     def status(self) -> Path:
+        """``status/``: ``<stage>.json`` progress snapshots."""
         return self.root / "status"
 
     @property
     def logs(self) -> Path:
+        """``logs/``: server and worker logs."""
         return self.root / "logs"
+
+    # the files handed from one stage to the next: names owned by draftsmith.artifacts (one module per contract)
+
+    @property
+    def records_manifest(self) -> Path:
+        """``records/manifest.json`` (:mod:`draftsmith.artifacts.records`)."""
+        from draftsmith.artifacts import records
+
+        return records.manifest_path(self.records)
+
+    @property
+    def data_manifest(self) -> Path:
+        """``data/manifest.json`` (:mod:`draftsmith.artifacts.data`)."""
+        from draftsmith.artifacts import data
+
+        return data.manifest_path(self.data)
+
+    @property
+    def data_stats(self) -> Path:
+        """``data/stats.json`` (:mod:`draftsmith.artifacts.data`)."""
+        from draftsmith.artifacts import data
+
+        return data.stats_path(self.data)
+
+    @property
+    def vocab(self) -> Path:
+        """``data/vocab/`` (:mod:`draftsmith.artifacts.vocab`)."""
+        from draftsmith.artifacts import data
+
+        return data.vocab_dir(self.data)
+
+    @property
+    def features_manifest(self) -> Path:
+        """``features/manifest.json`` (:mod:`draftsmith.artifacts.features`)."""
+        from draftsmith.artifacts import features
+
+        return features.manifest_path(self.features)
+
+    @property
+    def checkpoints_latest(self) -> Path:
+        """``checkpoints/latest.json`` (:mod:`draftsmith.artifacts.checkpoints`)."""
+        from draftsmith.artifacts import checkpoints
+
+        return checkpoints.latest_path(self.checkpoints)
 
     def ensure(self, *folders: Path) -> None:
         """Create the run root and the given sub-folders."""

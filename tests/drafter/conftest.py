@@ -39,7 +39,7 @@ def draft_vocab() -> int:
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, embedded_target) -> Path:
     """A run folder (data/ + features/) built once per session; copy it before writing into it."""
-    from draftsmith.drafter.hf_features import write_reference_run
+    from reference_run import write_reference_run
 
     root = tmp_path_factory.mktemp("ref") / "ref"
     write_reference_run(root, embedded_target, fixture_samples(), LAYER_IDS, VOCAB)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -47,8 +46,9 @@ def build_data_cmd(
     from draftsmith.paths import atomic_write_text
 
     atomic_write_text(paths.config, settings_to_yaml(s))
-    vocab = json.loads((paths.data / "vocab" / f"draft-{s.data.draft_vocab_size}.json").read_text()) if (
-        paths.data / "vocab" / f"draft-{s.data.draft_vocab_size}.json").is_file() else None
+    from draftsmith.artifacts.vocab import read_meta
+
+    vocab = read_meta(paths.vocab, s.data.draft_vocab_size)
     typer.echo(
         f"samples {st['samples']}  tokens {st['tokens']}  supervised {st['supervised_tokens']}  "
         f"dropped {st['dropped']} {st['dropped_by_reason']}  truncated {st['truncations']}  "
@@ -76,7 +76,7 @@ def draft_vocab_cmd(
     from draftsmith.paths import RunPaths
 
     s = settings(run=run)
-    vocab_dir = RunPaths(s.runs_dir, s.run).data / "vocab"
+    vocab_dir = RunPaths(s.runs_dir, s.run).vocab
     for n in size:
         meta = write_draft_vocab(vocab_dir, n)
         typer.echo(f"draft-{n}: coverage {100 * meta['coverage']:.2f}% of {meta['supervised_tokens']} supervised "

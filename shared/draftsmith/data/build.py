@@ -17,6 +17,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts import data as artifact
+from draftsmith.artifacts.data import DATA_SCHEMA
 from draftsmith.config import DataConfig
 from draftsmith.data.records import Skip, iter_records, record_files
 from draftsmith.data.render import (
@@ -30,11 +32,10 @@ from draftsmith.data.render import (
 from draftsmith.data.validate import Mismatch, validate_sample
 from draftsmith.errors import DataError
 from draftsmith.log import get_logger
-from draftsmith.paths import atomic_write_bytes, atomic_write_text
+from draftsmith.paths import atomic_write_bytes
 
 log = get_logger(__name__)
 
-DATA_SCHEMA = "draftsmith.data/1"
 CHUNK = 256  # records rendered and tokenized per batch
 MAX_REPORTED_MISMATCHES = 50
 
@@ -91,7 +92,7 @@ class _ShardWriter:
         offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
         c = count_tokens(ids, mask, vocab_size)
         self.counts = c if self.counts is None else self.counts + c
-        name = f"samples-{len(self.shards):05d}.safetensors"
+        name = artifact.shard_file(len(self.shards))
         blob = save({"input_ids": ids, "loss_mask": mask, "offsets": offsets}, {"schema": DATA_SCHEMA})
         if self.enabled:
             atomic_write_bytes(self.out_dir / name, blob)
@@ -159,7 +160,7 @@ def build_data(
     out_dir = Path(out_dir)
     if not check_only:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for old in list(out_dir.glob("samples-*.safetensors")) + [out_dir / "manifest.json"]:
+        for old in artifact.output_files(out_dir):
             old.unlink(missing_ok=True)
     writer = _ShardWriter(out_dir, cfg.shard_samples, not check_only)
     dropped: Counter[str] = Counter()
@@ -266,7 +267,7 @@ def build_data(
     mismatch_rate = (n["turns_mismatched"] + n["prompts_mismatched"]) / checked if checked else 0.0
     drop_rate = n_dropped / n["records"] if n["records"] else 0.0
     stats: dict[str, Any] = {
-        "schema": "draftsmith.data-stats/1",
+        "schema": artifact.STATS_SCHEMA,
         "records": n["records"],
         "samples": len(lengths),
         "tokens": n["tokens"],
@@ -304,7 +305,7 @@ def build_data(
         failure = DataError(
             f"{n_dropped} of {n['records']} records dropped (rate {drop_rate:.4f} > data.max_drop_rate "
             f"{cfg.max_drop_rate}): {dict(dropped)}",
-            "see stats.json dropped_by_reason, fix the cause or raise data.max_drop_rate",
+            f"see {artifact.STATS_FILE} dropped_by_reason, fix the cause or raise data.max_drop_rate",
         )
     if failure is not None:
         stats["failed"] = str(failure)
@@ -312,7 +313,7 @@ def build_data(
         if failure:
             raise failure
         return BuildResult(stats, mismatches)
-    atomic_write_text(out_dir / "stats.json", json.dumps(stats, indent=2) + "\n")
+    artifact.write_stats(out_dir, stats)
     if failure:
         raise failure
     manifest = _finish(out_dir, writer, tok, tokenizer_path, expected_model, cfg, vsize, config_dump)
@@ -332,9 +333,9 @@ def _finish(out_dir, writer, tok, tokenizer_path, expected_model, cfg, vsize, co
 
     counts = writer.counts if writer.counts is not None else torch.zeros(vsize, dtype=torch.int64)
     dhash = data_hash([s["sha256"] for s in writer.shards])
-    save_counts(out_dir / "vocab", counts, dhash)
+    save_counts(artifact.vocab_dir(out_dir), counts, dhash)
     if counts.sum() > 0:
-        write_draft_vocab(out_dir / "vocab", min(cfg.draft_vocab_size, vsize), counts, dhash)
+        write_draft_vocab(artifact.vocab_dir(out_dir), min(cfg.draft_vocab_size, vsize), counts, dhash)
     manifest = {
         "schema": DATA_SCHEMA,
         "tokenizer": {"path": str(tokenizer_path), "sha256": tokenizer_sha256(tok, tokenizer_path)},
@@ -345,5 +346,5 @@ def _finish(out_dir, writer, tok, tokenizer_path, expected_model, cfg, vsize, co
         "shards": writer.shards,
         "config": config_dump if config_dump is not None else {"data": cfg.model_dump(mode="json")},
     }
-    atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    artifact.write_manifest(out_dir, manifest)
     return manifest

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts import records as artifact
+from draftsmith.artifacts.records import RECORD_SCHEMA
 from draftsmith.errors import DataError
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
-
-RECORD_SCHEMA = "draftsmith.record/1"
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Skip:
 
 
 def record_files(records_dir: Path) -> list[Path]:
-    """The record shards of a run, sorted by name (``*.jsonl``; ``.meta.json`` and the manifest are not shards).
+    """The record shards of a run, sorted by name (``*.jsonl``; sidecars and the manifest are not shards).
 
     Raises:
         DataError: the folder does not exist or holds no shard.
@@ -47,7 +47,7 @@ def record_files(records_dir: Path) -> list[Path]:
         raise DataError(
             f"no records folder at {records_dir}", "run `draftsmith enqueue` and the generation workers first"
         )
-    files = sorted(p for p in records_dir.glob("*.jsonl") if p.is_file())
+    files = artifact.shard_files(records_dir)
     if not files:
         raise DataError(f"{records_dir} holds no record shard (*.jsonl)", "wait for the generation workers to finish")
     return files

@@ -10,17 +10,16 @@ without regenerating or re-extracting anything.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
+from draftsmith.artifacts import vocab as artifact
+from draftsmith.artifacts.vocab import COUNTS_FILE, VOCAB_SCHEMA
 from draftsmith.errors import DataError
 from draftsmith.log import get_logger
-from draftsmith.paths import atomic_write_bytes, atomic_write_text
+from draftsmith.paths import atomic_write_bytes
 
 log = get_logger(__name__)
 
-VOCAB_SCHEMA = "draftsmith.vocab/1"
-COUNTS_FILE = "counts.safetensors"
 
 
 def count_tokens(input_ids, loss_mask, vocab_size: int):
@@ -85,7 +84,7 @@ def save_counts(vocab_dir: Path, counts, dhash: str) -> None:
     """Write ``vocab/counts.safetensors`` (``counts`` int64 ``[V]``) with the data hash in its metadata."""
     from safetensors.torch import save
 
-    atomic_write_bytes(Path(vocab_dir) / COUNTS_FILE, save({"counts": counts.contiguous()}, {"data_hash": dhash}))
+    atomic_write_bytes(artifact.counts_path(vocab_dir), save({"counts": counts.contiguous()}, {"data_hash": dhash}))
 
 
 def load_counts(vocab_dir: Path):
@@ -96,7 +95,7 @@ def load_counts(vocab_dir: Path):
     """
     from safetensors import safe_open
 
-    path = Path(vocab_dir) / COUNTS_FILE
+    path = artifact.counts_path(vocab_dir)
     if not path.is_file():
         raise DataError(f"no token counts at {path}", "run `draftsmith build-data` for this run first")
     with safe_open(str(path), "pt") as f:
@@ -115,7 +114,7 @@ def write_draft_vocab(vocab_dir: Path, n: int, counts=None, dhash: str | None = 
     if counts is None:
         counts, dhash = load_counts(vocab_dir)
     d2t, t2d, coverage = build_draft_vocab(counts, n)
-    atomic_write_bytes(vocab_dir / f"draft-{n}.safetensors", save({"d2t": d2t, "t2d": t2d}, {"data_hash": dhash}))
+    atomic_write_bytes(artifact.mapping_path(vocab_dir, n), save({"d2t": d2t, "t2d": t2d}, {"data_hash": dhash}))
     meta = {
         "schema": VOCAB_SCHEMA,
         "size": n,
@@ -126,6 +125,6 @@ def write_draft_vocab(vocab_dir: Path, n: int, counts=None, dhash: str | None = 
         "supervised_tokens": int(counts.sum()),
         "distinct_tokens": int((counts > 0).sum()),
     }
-    atomic_write_text(vocab_dir / f"draft-{n}.json", json.dumps(meta, indent=2) + "\n")
+    artifact.write_meta(vocab_dir, n, meta)
     log.info("draft vocabulary N=%d: coverage %.4f of %d supervised tokens", n, coverage, meta["supervised_tokens"])
     return meta

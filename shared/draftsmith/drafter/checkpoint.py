@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
+from draftsmith.artifacts import checkpoints as artifact
+from draftsmith.artifacts.checkpoints import STATE_SCHEMA
 from draftsmith.errors import ModelError
 from draftsmith.log import get_logger
-from draftsmith.paths import atomic_write_text
 
 log = get_logger(__name__)
 
-STATE_SCHEMA = "draftsmith.checkpoint/1"
 FROZEN = ("embed_tokens.weight",)
 
 
@@ -87,23 +87,23 @@ def save_checkpoint(folder: Path, weights: dict[str, torch.Tensor], optimizer_st
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    name = f"step-{state['step']:08d}"
+    name = artifact.folder_name(state["step"])
     final = folder / name
     tmp = folder / f".tmp-{name}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    save_file(weights, str(tmp / artifact.WEIGHTS_FILE), metadata={"format": "pt"})
     torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"schema": STATE_SCHEMA, **state,
+    (tmp / artifact.STATE_FILE).write_text(json.dumps({"schema": STATE_SCHEMA, **state,
                                                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                                 "saved_ns": time.time_ns()}, indent=2))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    atomic_write_text(folder / "latest.json", json.dumps({"checkpoint": name, "step": state["step"]}))
+    artifact.write_latest(folder, name, state["step"])
     ckpts = list_checkpoints(folder)
     for old in ckpts[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
@@ -114,7 +114,7 @@ def save_checkpoint(folder: Path, weights: dict[str, torch.Tensor], optimizer_st
 def _written_at(ckpt: Path) -> tuple[int, str]:
     """Sort key of a checkpoint by write time: ``saved_ns`` of its state.json (older checkpoints: the file's
     mtime in ns), then its name."""
-    f = ckpt / "state.json"
+    f = ckpt / artifact.STATE_FILE
     try:
         ns = json.loads(f.read_text()).get("saved_ns")
         return (int(ns) if ns is not None else f.stat().st_mtime_ns, ckpt.name)
@@ -127,15 +127,15 @@ def list_checkpoints(folder: Path) -> list[Path]:
     writes ``step-00000001`` after ``step-00000004``, and rotation must keep the new one)."""
     if not folder.is_dir():
         return []
-    return sorted((p for p in folder.glob("step-*") if (p / "state.json").is_file()), key=_written_at)
+    return sorted((p for p in folder.glob(artifact.FOLDER_GLOB) if (p / artifact.STATE_FILE).is_file()), key=_written_at)
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
     """The checkpoint ``latest.json`` names (or the newest complete one), None when there is none."""
-    pointer = folder / "latest.json"
-    if pointer.is_file():
-        cand = folder / json.loads(pointer.read_text())["checkpoint"]
-        if (cand / "state.json").is_file():
+    name = artifact.read_latest(folder)
+    if name is not None:
+        cand = folder / name
+        if (cand / artifact.STATE_FILE).is_file():
             return cand
     ckpts = list_checkpoints(folder)
     return ckpts[-1] if ckpts else None
@@ -150,7 +150,7 @@ def resolve_checkpoint(run_checkpoints: Path, name: str | None) -> Path:
     if name:
         p = Path(name)
         cand = p if p.is_dir() else run_checkpoints / name
-        if not (cand / "state.json").is_file():
+        if not (cand / artifact.STATE_FILE).is_file():
             raise ModelError(f"no checkpoint at {cand}", f"pick one of {[c.name for c in list_checkpoints(run_checkpoints)]}")
         return cand
     found = latest_checkpoint(run_checkpoints)
@@ -166,7 +166,7 @@ def read_state(ckpt: Path) -> dict[str, Any]:
         ModelError: missing, unreadable or of another schema (a corrupt or foreign checkpoint).
     """
     try:
-        state = json.loads((ckpt / "state.json").read_text())
+        state = json.loads((ckpt / artifact.STATE_FILE).read_text())
     except (OSError, ValueError) as e:
         raise ModelError(f"checkpoint {ckpt} has no readable state.json ({e})", "pick another checkpoint") from e
     if state.get("schema") != STATE_SCHEMA:
@@ -183,7 +183,7 @@ def load_model_weights(model, ckpt: Path) -> None:
     from safetensors.torch import load_file
 
     try:
-        sd = load_file(str(ckpt / "model.safetensors"))
+        sd = load_file(str(ckpt / artifact.WEIGHTS_FILE))
     except Exception as e:  # safetensors raises its own error types for corrupt files
         raise ModelError(f"cannot read {ckpt / 'model.safetensors'}: {e}", "the checkpoint is corrupt; pick another") from e
     want = model_state(model)

@@ -8,7 +8,6 @@ sample ids and gets ``aux_hidden [T, 3*H]`` and ``final_hidden [T, H]`` per samp
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from draftsmith.artifacts import data as data_artifact
+from draftsmith.artifacts import features as features_artifact
 from draftsmith.errors import DataError
-
-DATA_SCHEMA = "draftsmith.data/1"
-FEATURES_SCHEMA = "draftsmith.features/1"
 
 
 @runtime_checkable
@@ -40,15 +38,6 @@ class FeatureSource(Protocol):
         ...
 
 
-def _read_manifest(path: Path, schema: str, what: str) -> dict:
-    if not path.is_file():
-        raise DataError(f"no {what} manifest at {path}", f"run the stage that writes {path.parent.name}/ first")
-    m = json.loads(path.read_text())
-    if m.get("schema") != schema:
-        raise DataError(f"{path} has schema {m.get('schema')!r}, expected {schema!r}", "rebuild it with this version")
-    return m
-
-
 @dataclass
 class Sample:
     """One training sample: ``input_ids`` int64 ``[T]``, ``loss_mask`` bool ``[T]``."""
@@ -66,22 +55,15 @@ class TrainSamples:
     """
 
     def __init__(self, data_dir: Path | str) -> None:
-        from safetensors.torch import load_file
-
         self.dir = Path(data_dir)
-        self.manifest = _read_manifest(self.dir / "manifest.json", DATA_SCHEMA, "training-data")
+        self.manifest = dict(data_artifact.read_manifest(self.dir))
         self.samples: dict[str, Sample] = {}
-        for shard in self.manifest.get("shards", []):
-            path = self.dir / shard["file"]
-            if not path.is_file():
-                raise DataError(f"data shard {path} is missing", "rebuild the data with `draftsmith build-data`")
-            t = load_file(str(path))
-            off = t["offsets"].tolist()
-            for i, sid in enumerate(shard["sample_ids"]):
-                a, b = off[i], off[i + 1]
-                self.samples[sid] = Sample(sid, t["input_ids"][a:b].long(), t["loss_mask"][a:b].bool())
+        for shard in self.manifest["shards"]:
+            read = data_artifact.read_shard(self.dir, shard)
+            for sid, ids, mask in zip(shard["sample_ids"], read.input_ids, read.loss_mask, strict=True):
+                self.samples[sid] = Sample(sid, ids, mask)
         if not self.samples:
-            raise DataError(f"the training data in {self.dir} holds no sample", "check build-data's stats.json")
+            raise DataError(f"the training data in {self.dir} holds no sample", f"check build-data's {data_artifact.STATS_FILE}")
 
     @property
     def target_model(self) -> str:
@@ -103,9 +85,7 @@ class OfflineFeatures:
 
     def __init__(self, features_dir: Path | str) -> None:
         self.dir = Path(features_dir)
-        self.manifest = _read_manifest(self.dir / "manifest.json", FEATURES_SCHEMA, "features")
-        if self.manifest.get("final_hidden", "post_norm") != "post_norm":
-            raise DataError("features store a pre-norm final hidden state", "re-extract with final_hidden=post_norm")
+        self.manifest = features_artifact.read_manifest(self.dir)
         self.hidden_size = int(self.manifest["hidden_size"])
         self.layer_ids = [int(i) for i in self.manifest["layer_ids"]]
         self.target_model = str(self.manifest.get("target_model", ""))

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from draftsmith.artifacts.features import MANIFEST_FILE as FEATURES_MANIFEST
 from draftsmith.drafter.checkpoint import (
     full_model_state,
     full_optimizer_state,
@@ -227,7 +228,7 @@ class Trainer:
             train = [i for i in train if i not in skipped]
             held = [i for i in held if i not in skipped]
         if not train:
-            raise DataError(f"extraction skipped all {len(gone)} training samples (see features/manifest.json)",
+            raise DataError(f"extraction skipped all {len(gone)} training samples (see features/{FEATURES_MANIFEST})",
                             "check the target and extract.dtype, then re-extract")
         return train, held, len(gone)
 

@@ -7,7 +7,6 @@ with target id = ``i + d2t[i]``, ``t2d`` bool ``[V]`` with exactly N true entrie
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -49,10 +48,12 @@ def load_draft_vocab(data_dir: Path | str, size: int) -> tuple[torch.Tensor, tor
     """
     from safetensors.torch import load_file
 
-    base = Path(data_dir) / "vocab" / f"draft-{size}"
-    st = base.with_suffix(".safetensors")
+    from draftsmith.artifacts import data, vocab
+
+    vdir = data.vocab_dir(data_dir)
+    st = vocab.mapping_path(vdir, size)
     if not st.is_file():
-        have = sorted(p.name for p in (Path(data_dir) / "vocab").glob("draft-*.safetensors"))
+        have = vocab.mapping_files(vdir)
         raise DataError(
             f"no draft vocabulary of size {size} at {st} (have: {', '.join(have) or 'none'})",
             "run `draftsmith build-data` with this vocabulary size, or set train.draft_vocab_size to one you have",
@@ -60,8 +61,7 @@ def load_draft_vocab(data_dir: Path | str, size: int) -> tuple[torch.Tensor, tor
     t = load_file(str(st))
     d2t, t2d = t["d2t"].to(torch.long), t["t2d"].to(torch.bool)
     check_mapping(d2t, t2d)
-    meta_path = base.with_suffix(".json")
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = vocab.read_meta(vdir, size) or {}
     return d2t, t2d, meta
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.artifacts import data as data_artifact
+from draftsmith.artifacts import features as features_artifact
+from draftsmith.artifacts.data import DATA_SCHEMA  # noqa: F401 (re-exported)
 from draftsmith.errors import DataError, DiskSpaceError, ModelError
 from draftsmith.features.hf import target_config
 from draftsmith.features.layers import parse_layer_ids, vllm_aux_ids
 
-DATA_SCHEMA = "draftsmith.data/1"
 BYTES_PER_VALUE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -66,45 +68,22 @@ def target_revision(model_dir: Path) -> str:
 
 
 def load_data_manifest(data_dir: Path) -> dict:
-    """The training-data manifest (formats.md §3).
+    """The training-data manifest (formats.md §3): :func:`draftsmith.artifacts.data.read_manifest`.
 
     Raises:
-        DataError: missing, unreadable or of an unknown schema; the message says which command writes it.
+        DataError: missing, unreadable, of an unknown schema or without shards.
     """
-    f = Path(data_dir) / "manifest.json"
-    if not f.is_file():
-        raise DataError(f"no training data manifest at {f}", "run `draftsmith build-data --run RUN` first")
-    try:
-        m = json.loads(f.read_text())
-    except ValueError as e:
-        raise DataError(f"the data manifest {f} is not valid JSON: {e}", "rebuild it with `draftsmith build-data`") from e
-    if m.get("schema") != DATA_SCHEMA:
-        raise DataError(f"the data manifest {f} has schema {m.get('schema')!r}, expected {DATA_SCHEMA!r}",
-                        "rebuild the data with this version of draftsmith")
-    if not m.get("shards"):
-        raise DataError(f"the data manifest {f} lists no shards", "rebuild the data: no sample survived")
-    return m
+    return dict(data_artifact.read_manifest(data_dir))
 
 
 def read_data_shard(data_dir: Path, entry: dict) -> list[torch.Tensor]:
-    """Token ids of every sample of one data shard, ``[T_s]`` int64 each, in the shard's order.
+    """Token ids of every sample of one data shard, ``[T_s]`` int64 each, in the shard's order
+    (:func:`draftsmith.artifacts.data.read_shard`).
 
     Raises:
         DataError: the file is missing or disagrees with its manifest entry (sample count, lengths).
     """
-    from safetensors.torch import load_file
-
-    f = Path(data_dir) / entry["file"]
-    if not f.is_file():
-        raise DataError(f"data shard {f} listed in the manifest is missing", "rebuild the data")
-    t = load_file(str(f))
-    ids, off = t["input_ids"].long(), t["offsets"].long()  # [T_total], [S+1]
-    seqs = [ids[off[s] : off[s + 1]] for s in range(off.numel() - 1)]
-    lengths = [int(x.numel()) for x in seqs]
-    if lengths != list(entry["lengths"]) or len(seqs) != len(entry["sample_ids"]):
-        raise DataError(f"data shard {f} does not match its manifest entry (lengths or sample count)",
-                        "rebuild the data")
-    return seqs
+    return data_artifact.read_shard(data_dir, entry).input_ids
 
 
 @dataclass
@@ -145,7 +124,7 @@ class ExtractPlan:
     def manifest_header(self) -> dict:
         """The run-level fields of ``features/manifest.json`` (formats.md §4, plus ``vllm_aux_layer_ids``)."""
         return {
-            "schema": "draftsmith.features/1",
+            "schema": features_artifact.FEATURES_SCHEMA,
             "target_model": self.target_model,
             "target_revision": self.target_revision,
             "tokenizer_sha256": self.tokenizer_sha256,
@@ -208,7 +187,7 @@ def make_plan(settings, run_dir: Path) -> ExtractPlan:
         target_model=manifest.get("target_model") or (settings.target.model or target_dir.name or EMBEDDED_NAME),
         target_revision=target_revision(target_dir),
         tokenizer_sha256=tok_sha,
-        data_manifest_sha256=sha256_file(data_dir / "manifest.json"),
+        data_manifest_sha256=sha256_file(data_artifact.manifest_path(data_dir)),
         layer_ids=list(layer_ids),
         hidden_size=int(cfg["hidden_size"]),
         num_layers=num_layers,

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.artifacts import features as artifact
+from draftsmith.artifacts.features import FEATURES_SCHEMA as MANIFEST_SCHEMA  # noqa: F401 (re-exported)
+from draftsmith.artifacts.features import SHARD_SCHEMA, shard_file, sidecar_file  # noqa: F401 (re-exported)
 from draftsmith.errors import DataError
 from draftsmith.features.plan import ExtractPlan, sha256_file
 from draftsmith.log import get_logger
@@ -27,26 +30,16 @@ from draftsmith.status import stage_snapshot
 
 log = get_logger(__name__)
 
-SHARD_SCHEMA = "draftsmith.feature-shard/1"
-MANIFEST_SCHEMA = "draftsmith.features/1"
 # run-level manifest fields that must not change between a run and its resume
 _PINNED = ("target_model", "target_revision", "tokenizer_sha256", "layer_ids", "hidden_size", "dtype",
            "data_manifest_sha256")
-
-
-def shard_file(index: int) -> str:
-    return f"features-{index:05d}.safetensors"
-
-
-def sidecar_file(index: int) -> str:
-    return f"features-{index:05d}.json"
 
 
 @contextmanager
 def locked(features_dir: Path):
     """Exclusive ``flock`` on ``features/.lock`` (serialises manifest and status rewrites across workers)."""
     features_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(features_dir / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(features_dir / artifact.LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -77,10 +70,9 @@ def check_compatible(plan: ExtractPlan) -> None:
     Raises:
         DataError: an existing ``manifest.json`` disagrees with the plan on a pinned field.
     """
-    f = plan.features_dir / "manifest.json"
-    if not f.is_file():
+    old = artifact.load_manifest(plan.features_dir)
+    if old is None:
         return
-    old = json.loads(f.read_text())
     new = plan.manifest_header()
     diff = [k for k in _PINNED if old.get(k) != new.get(k)]
     if diff:
@@ -182,7 +174,7 @@ def rebuild_manifest(plan: ExtractPlan) -> dict:
         m["samples"] = sum(len(s["sample_ids"]) for s in sides)
         m["tokens"] = sum(s["tokens"] for s in sides)
         m["skipped_samples"] = sum(len(s["skipped"]) for s in sides)
-        atomic_write_text(plan.features_dir / "manifest.json", json.dumps(m, indent=1))
+        artifact.write_manifest(plan.features_dir, m)
     return m
 
 

@@ -17,13 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.records import RECORD_SCHEMA
 from draftsmith.config import Settings, secret_value
 from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.client import ChatClient, ChatError
 from draftsmith.generation.inflight import InflightCap, LeaseBroker
 from draftsmith.generation.progress import ProgressBoard, ProgressTally
 from draftsmith.generation.runcache import done_index, prompt_index
-from draftsmith.generation.store import RECORD_SCHEMA, write_shard
+from draftsmith.generation.store import write_shard
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)

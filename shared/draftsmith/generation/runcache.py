@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts import records as records_artifact
+
 _PROMPTS: dict[Path, PromptIndex] = {}
 _DONE: dict[Path, DoneIndex] = {}
 
@@ -73,7 +75,7 @@ class DoneIndex:
 
     def __init__(self, records_dir: Path) -> None:
         self.dir = Path(records_dir)
-        self.path = self.dir / "shards.idx"
+        self.path = self.dir / records_artifact.JOURNAL_FILE
         self.ids: set[str] = set()
         self._file: tuple[int, int] | None = None
         self._offset = 0

@@ -20,19 +20,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts import records as artifact
+from draftsmith.artifacts.records import MANIFEST_SCHEMA, RECORD_SCHEMA, SHARD_SCHEMA  # noqa: F401 (re-exported)
 from draftsmith.errors import DataError
 from draftsmith.paths import atomic_write_text
-
-RECORD_SCHEMA = "draftsmith.record/1"
-SHARD_SCHEMA = "draftsmith.record-shard/1"
-MANIFEST_SCHEMA = "draftsmith.records-manifest/1"
 
 
 @contextmanager
 def records_lock(records_dir: Path) -> Iterator[None]:
     """Exclusive lock over a records folder (works across processes on one host or a shared POSIX volume)."""
     records_dir.mkdir(parents=True, exist_ok=True)
-    with open(records_dir / ".lock", "a+") as f:
+    with open(records_dir / artifact.LOCK_FILE, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -41,7 +39,7 @@ def records_lock(records_dir: Path) -> Iterator[None]:
 
 
 def _meta_files(records_dir: Path) -> list[Path]:
-    return sorted(p for p in records_dir.glob("*.meta.json") if not p.name.startswith("."))
+    return artifact.sidecar_files(records_dir)
 
 
 def done_ids(records_dir: Path) -> set[str]:
@@ -51,7 +49,7 @@ def done_ids(records_dir: Path) -> set[str]:
         return ids
     for meta in _meta_files(records_dir):
         try:
-            ids.update(json.loads(meta.read_text())["ids"])
+            ids.update(artifact.read_sidecar(meta)["ids"])
         except (OSError, ValueError, KeyError) as e:
             raise DataError(f"shard sidecar {meta} is unreadable ({e})",
                             "remove it and its .jsonl shard; those prompts will be regenerated") from e
@@ -85,7 +83,7 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
             shard = records_dir / f"{name}.r{n}.jsonl"
             n += 1
         atomic_write_text(shard, text)
-        sidecar = shard.with_name(shard.name[: -len(".jsonl")] + ".meta.json")
+        sidecar = artifact.sidecar_of(shard)
         meta = {
             "schema": SHARD_SCHEMA,
             "shard": shard.name,
@@ -114,7 +112,7 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
         return shard, dropped
 
 
-JOURNAL = "shards.idx"
+JOURNAL = artifact.JOURNAL_FILE
 _JOURNAL_KEYS = ("shard", "ids", "count", "ok", "sha256", "created_at")
 
 
@@ -122,7 +120,7 @@ def _sidecars(records_dir: Path) -> list[dict[str, Any]]:
     out = []
     for meta in _meta_files(records_dir):
         try:
-            out.append(json.loads(meta.read_text()))
+            out.append(artifact.read_sidecar(meta))
         except (OSError, ValueError) as e:
             raise DataError(f"shard sidecar {meta} is unreadable ({e})",
                             "remove it and its .jsonl shard; those prompts will be regenerated") from e
@@ -156,8 +154,7 @@ def sweep_records(records_dir: Path) -> dict[str, int]:
         return {"temp_files": 0, "orphan_shards": 0}
     with records_lock(records_dir):
         tmp = [p for p in records_dir.glob(".*.tmp-*")]
-        orphans = [p for p in records_dir.glob("*.jsonl")
-                   if not p.with_name(p.name[: -len(".jsonl")] + ".meta.json").exists()]
+        orphans = [p for p in records_dir.glob("*" + artifact.SHARD_SUFFIX) if not artifact.sidecar_of(p).exists()]
         for p in tmp + orphans:
             p.unlink(missing_ok=True)
     return {"temp_files": len(tmp), "orphan_shards": len(orphans)}
@@ -173,15 +170,11 @@ def _write_manifest(records_dir: Path) -> dict[str, Any]:
         "ok": sum(s["ok"] for s in shards),
         "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path = records_dir / "manifest.json"
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        old = None
-    if isinstance(old, dict) and {**old, "updated_at": None} == {**manifest, "updated_at": None}:
+    old = artifact.read_manifest(records_dir)
+    if old is not None and {**old, "updated_at": None} == {**manifest, "updated_at": None}:
         manifest = old  # nothing changed since it was written: keep the file (and its time) as it is
     else:
-        atomic_write_text(path, json.dumps(manifest, indent=1))
+        artifact.write_manifest(records_dir, manifest)
     _write_journal(records_dir, metas)
     return manifest
 
@@ -202,7 +195,7 @@ def iter_records(records_dir: Path) -> Iterator[dict[str, Any]]:
         DataError: a shard line is not JSON (the message names the file and line).
     """
     for meta in _meta_files(records_dir):
-        shard = meta.with_name(meta.name[: -len(".meta.json")] + ".jsonl")
+        shard = artifact.shard_of(meta)
         with open(shard, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
@@ -210,7 +203,7 @@ def iter_records(records_dir: Path) -> Iterator[dict[str, Any]]:
                         yield json.loads(line)
                     except ValueError as e:
                         raise DataError(f"{shard}:{lineno} is not valid JSON",
-                                        "delete the shard and its .meta.json to regenerate it") from e
+                                        f"delete the shard and its {artifact.SIDECAR_SUFFIX} to regenerate it") from e
 
 
 def load_prompts(path: Path) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,73 @@
+"""Target features under ``runs/<run>/features/`` (docs/formats.md §4): names, schema tags, manifest.
+
+Layout: ``features-NNNNN.safetensors`` shards (``aux_hidden [T_total, 3*H]``, ``final_hidden [T_total, H]``
+post-norm, ``offsets`` int64 ``[S+1]``), each with its sidecar ``features-NNNNN.json`` (schema
+:data:`SHARD_SCHEMA`), and ``manifest.json`` (schema :data:`FEATURES_SCHEMA`) rebuilt from the sidecars.
+Writer: :mod:`draftsmith.features.store`; reader: :mod:`draftsmith.drafter.data` (offline training).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from draftsmith.errors import DataError
+
+FEATURES_SCHEMA = "draftsmith.features/1"
+SHARD_SCHEMA = "draftsmith.feature-shard/1"
+MANIFEST_FILE = "manifest.json"
+LOCK_FILE = ".lock"
+
+
+def shard_file(index: int) -> str:
+    """File name of feature shard ``index`` (= data shard index): ``features-NNNNN.safetensors``."""
+    return f"features-{index:05d}.safetensors"
+
+
+def sidecar_file(index: int) -> str:
+    """File name of the sidecar of feature shard ``index``: ``features-NNNNN.json``."""
+    return f"features-{index:05d}.json"
+
+
+def manifest_path(features_dir: Path) -> Path:
+    """``features/manifest.json``."""
+    return Path(features_dir) / MANIFEST_FILE
+
+
+def write_manifest(features_dir: Path, manifest: dict[str, Any]) -> None:
+    """Replace ``features/manifest.json`` atomically (indent 1)."""
+    from draftsmith.paths import atomic_write_text
+
+    atomic_write_text(manifest_path(features_dir), json.dumps(manifest, indent=1))
+
+
+def load_manifest(features_dir: Path) -> dict[str, Any] | None:
+    """The manifest as stored, unvalidated (to compare a resumed extraction with), None when there is none.
+
+    Raises:
+        ValueError: the file is not JSON.
+    """
+    f = manifest_path(features_dir)
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def read_manifest(features_dir: Path) -> dict[str, Any]:
+    """The features manifest, checked for training: schema :data:`FEATURES_SCHEMA`, a post-norm final hidden state.
+
+    Keys used by readers: ``hidden_size``, ``layer_ids``, ``target_model``, ``final_hidden`` and ``shards``
+    (``file``, ``sample_ids``, ``lengths``, ``sha256``, ``skipped``: ``[{"id", "reason"}]``).
+
+    Raises:
+        DataError: missing, of another schema, or storing a pre-norm final hidden state.
+    """
+    f = manifest_path(features_dir)
+    if not f.is_file():
+        raise DataError(f"no features manifest at {f}", f"run the stage that writes {f.parent.name}/ first")
+    m = json.loads(f.read_text())
+    if m.get("schema") != FEATURES_SCHEMA:
+        raise DataError(f"{f} has schema {m.get('schema')!r}, expected {FEATURES_SCHEMA!r}",
+                        "rebuild it with this version")
+    if m.get("final_hidden", "post_norm") != "post_norm":
+        raise DataError("features store a pre-norm final hidden state", "re-extract with final_hidden=post_norm")
+    return m

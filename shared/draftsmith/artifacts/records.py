@@ -1,0 +1,77 @@
+"""Generation records under ``runs/<run>/records/`` (docs/formats.md §2): names, schema tags, sidecar reader.
+
+Layout: one ``<job>.jsonl`` shard per job attempt (one record per line, schema :data:`RECORD_SCHEMA`), its
+``<job>.meta.json`` sidecar (schema :data:`SHARD_SCHEMA`: ``shard``, ``ids``, ``count``, ``ok``, ``sha256``,
+``created_at``) written last, the journal ``shards.idx`` and ``manifest.json`` (schema :data:`MANIFEST_SCHEMA`).
+Writer: :mod:`draftsmith.generation.store`; readers: that module, :mod:`draftsmith.generation.runcache` and
+:mod:`draftsmith.data.records`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RECORD_SCHEMA = "draftsmith.record/1"
+SHARD_SCHEMA = "draftsmith.record-shard/1"
+MANIFEST_SCHEMA = "draftsmith.records-manifest/1"
+
+MANIFEST_FILE = "manifest.json"
+JOURNAL_FILE = "shards.idx"
+SHARD_SUFFIX = ".jsonl"
+SIDECAR_SUFFIX = ".meta.json"
+LOCK_FILE = ".lock"
+
+
+def manifest_path(records_dir: Path) -> Path:
+    """``records/manifest.json``."""
+    return Path(records_dir) / MANIFEST_FILE
+
+
+def sidecar_of(shard: Path) -> Path:
+    """The sidecar ``<job>.meta.json`` of shard ``<job>.jsonl``."""
+    shard = Path(shard)
+    return shard.with_name(shard.name[: -len(SHARD_SUFFIX)] + SIDECAR_SUFFIX)
+
+
+def shard_of(sidecar: Path) -> Path:
+    """The shard ``<job>.jsonl`` of sidecar ``<job>.meta.json``."""
+    sidecar = Path(sidecar)
+    return sidecar.with_name(sidecar.name[: -len(SIDECAR_SUFFIX)] + SHARD_SUFFIX)
+
+
+def sidecar_files(records_dir: Path) -> list[Path]:
+    """The shard sidecars of a records folder, sorted by name (hidden temporary files left out)."""
+    return sorted(p for p in Path(records_dir).glob("*" + SIDECAR_SUFFIX) if not p.name.startswith("."))
+
+
+def shard_files(records_dir: Path) -> list[Path]:
+    """The record shards (``*.jsonl`` files) of a records folder, sorted by name; sidecars are not shards."""
+    return sorted(p for p in Path(records_dir).glob("*" + SHARD_SUFFIX) if p.is_file())
+
+
+def read_sidecar(path: Path) -> dict[str, Any]:
+    """One shard sidecar as a dict (keys: ``shard``, ``ids``, ``count``, ``ok``, ``sha256``, ``created_at``).
+
+    Raises:
+        OSError, ValueError: the file is unreadable or not JSON (callers turn this into their DataError).
+    """
+    return json.loads(Path(path).read_text())
+
+
+def read_manifest(records_dir: Path) -> dict[str, Any] | None:
+    """``records/manifest.json`` as written by :func:`draftsmith.generation.store.rebuild_manifest`, or None when
+    it is missing or not JSON (it is always rebuilt from the sidecars, which are the truth)."""
+    try:
+        m = json.loads(manifest_path(records_dir).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def write_manifest(records_dir: Path, manifest: dict[str, Any]) -> None:
+    """Replace ``records/manifest.json`` atomically (indent 1)."""
+    from draftsmith.paths import atomic_write_text
+
+    atomic_write_text(manifest_path(records_dir), json.dumps(manifest, indent=1))
