@@ -1,8 +1,8 @@
 """Reading generation records (``runs/<run>/records/*.jsonl``, docs/formats.md §2).
 
 The reader never stops on a bad line: malformed JSON, an unknown schema or a record without an assistant turn is
-returned as a :class:`Skip` with its reason, so that the build counts every dropped sample (failure mode 9 in
-``../shared/notes/failure-modes.md``: samples silently skipped made a dataset ~1000x smaller).
+returned as a :class:`Skip` with its reason, so that the build counts every dropped sample (SpecForge #555: samples silently skipped made a
+dataset ~1000x smaller).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class ExtractPlan:
         }
 
     def bytes_per_token(self) -> int:
-        """Stored bytes per token: ``(aux layers + 1) * H * bytes per value`` (eagle3.md storage arithmetic)."""
+        """Stored bytes per token: ``(aux layers + 1) * H * bytes per value`` (docs/extraction.md: 4,608 B/token for SmolLM2 in bf16)."""
         return (len(self.layer_ids) + 1) * self.hidden_size * BYTES_PER_VALUE[self.dtype]
 
     def estimate_bytes(self, shard_indices: list[int] | None = None) -> int:

@@ -1,0 +1,25 @@
+"""The package is self-contained: its docstrings cite files of this repository or public sources, never notes that
+live outside the repository (issue 16)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "draftsmith"
+
+
+def test_no_reference_to_notes_outside_the_repository():
+    outside = ("../shared/", "shared/notes", "eagle3.md", "failure-modes.md", "embedded-target.md")
+    hits = [f"{p.relative_to(PACKAGE)}:{n}: {line.strip()[:80]}"
+            for p in sorted(PACKAGE.rglob("*.py")) for n, line in enumerate(p.read_text().splitlines(), 1)
+            if any(o in line for o in outside)]
+    assert not hits, "docstrings point outside the repository:\n" + "\n".join(hits)
+
+
+def test_cited_repository_docs_exist():
+    import re
+
+    cited = {m for p in PACKAGE.rglob("*.py") for m in re.findall(r"docs/[a-z0-9_-]+\.md", p.read_text())}
+    assert cited, "no docs/ citation found: the scan is broken"
+    missing = sorted(c for c in cited if not (PACKAGE.parents[1] / c).is_file())
+    assert not missing, f"docstrings cite docs that do not exist: {missing}"
