@@ -148,8 +148,9 @@ def main() -> None:
             continue
         print(f"== {v['name']}: {v.get('train', {})}", flush=True)
         r = run_variant(base_cfg, runs_dir, a.run, v, a)
-        print(f"   held-out accept len {r['heldout']['accept_len']:.3f}, vLLM {(r.get('vllm') or {}).get('overall')}, "
-              f"train {r['train_s']:.0f} s", flush=True)
+        held = (r.get("heldout") or {}).get("accept_len")  # None when the run holds out no sample
+        print(f"   held-out accept len {'-' if held is None else f'{held:.3f}'}, "
+              f"vLLM {(r.get('vllm') or {}).get('overall')}, train {r['train_s']:.0f} s", flush=True)
         results.append(r)
     md = table(results)
     (runs_dir / a.run / "ablation.json").write_text(json.dumps(results, indent=1))
