@@ -96,8 +96,9 @@ class TargetConfig(Section):
         return redact_url(url)
     host: str = Field("127.0.0.1", description="Address `target serve` binds to.")
     port: int = Field(8000, ge=1, le=65535, description="Port `target serve` listens on.")
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
-        "float32", description="Serving dtype; float32 is fastest on CPUs without native bf16."
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Serving dtype; auto = bfloat16 on CPUs with AMX, float32 on other CPUs (where bf16 "
+        "is emulated and slower), the engine's own choice on CUDA (draftsmith.precision).",
     )
     max_model_len: int = Field(4096, ge=128, description="Context length the server accepts (prompt + output).")
     kv_cache_gib: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build, in GiB.")
@@ -194,8 +195,9 @@ class ExtractConfig(Section):
         None, description="Aux layer ids (output of decoder layer i); None = EAGLE-3 default (1, L//2-1, L-4)."
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Dtype of stored features.")
-    compute_dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Dtype the target runs in (float32 on CPUs without native bf16)."
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Dtype the target runs in; auto = bfloat16 on CUDA and on CPUs with AMX, float32 on "
+        "other CPUs (draftsmith.precision).",
     )
     device: str = Field("cpu", description="Torch device of the hf backend (cpu, cuda, cuda:1, ...).")
     batch_tokens: int = Field(4096, ge=16, description="Most padded tokens per forward pass (batched by length).")
@@ -253,7 +255,8 @@ class TrainConfig(Section):
     resume: bool = Field(True, description="Continue from the run's latest checkpoint when one exists.")
     device: str = Field("auto", description="cpu, cuda, cuda:N or auto.")
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto = bf16 autocast on GPU, fp32 on CPU."
+        "auto", description="auto = bf16 autocast on CUDA and on CPUs with AMX, fp32 on other CPUs "
+        "(draftsmith.precision)."
     )
     features: Literal["offline", "stream"] = Field(
         "offline", description="Read features/ shards, or stream them from the extractor."

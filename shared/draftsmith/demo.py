@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,21 @@ class DemoSize:
     config: dict[str, Any]
     workers: int = 2
     target: str = "embedded"  # embedded (SmolLM2) | tiny-mla (draftsmith.target.tiny_mla, docs/mla.md)
+    # where the CPU computes bf16 natively (draftsmith.precision: every stage ~1.7-3.6x faster), the same budget
+    # buys more data: these pools and per-section config keys replace the ones above
+    native_bf16: dict[str, Any] | None = None
+
+    def for_this_machine(self) -> DemoSize:
+        """This size as it runs here: :attr:`native_bf16`'s pools and config merged in on a CPU with AMX."""
+        from draftsmith.precision import native_bf16
+
+        if not self.native_bf16 or not native_bf16("cpu"):
+            return self
+        over = self.native_bf16
+        config = {k: dict(v) if isinstance(v, dict) else v for k, v in self.config.items()}
+        for section, keys in over.get("config", {}).items():
+            config[section] = {**config.get(section, {}), **keys}
+        return replace(self, pools=dict(over.get("pools", self.pools)), config=config, native_bf16=None)
 
 
 # The training recipe of both SmolLM2 sizes (issue 11; measured in bench/recipe.py, docs/benchmarks.md): residual
@@ -85,19 +100,28 @@ SIZES: dict[str, DemoSize] = {
                      "concurrency": 4, "k": 3},
         },
         workers=4,
+        native_bf16={
+            "pools": {"gsm8k_train.jsonl": 560, "self_instruct_seed_tasks.jsonl": 175,
+                      "user_oriented_instructions.jsonl": 252, "python_stdlib_functions.jsonl": 400,
+                      "multi_turn_followups.jsonl": 330},
+            "config": {"train": {"epochs": 3}},
+        },
     ),
     # the seed's target family: a tiny DeepSeek-V3 (MLA + MoE, thinking tokens) through every stage (docs/mla.md)
     "mla": DemoSize(
         name="mla",
         pools={"gsm8k_train.jsonl": 32},
         config={
-            "target": {"enforce_eager": True, "max_model_len": 1024, "kv_cache_gib": 1,
+            # float32 throughout, on every CPU: the MLA path was built and measured in float32 (docs/mla.md)
+            "target": {"enforce_eager": True, "max_model_len": 1024, "kv_cache_gib": 1, "dtype": "float32",
                        "extra_args": ["--reasoning-parser", "deepseek_r1"]},
+            "extract": {"compute_dtype": "float32"},
             "generation": {"max_tokens": 256, "batch_size": 16, "concurrency": 32},
             # a turn cut inside <think> never generated </think>, which the template renders: drop cut turns
             "data": {"max_length": 512, "draft_vocab_size": 1024, "require_reasoning": True,
                      "truncated_answers": "drop", "max_drop_rate": 0.5},
             "train": {"draft_vocab_size": 1024, "epochs": 6, "lr": 2e-3, "batch_size": 8, "batch_tokens": 4096,
+                      "precision": "fp32",
                       "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
             "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},
         },

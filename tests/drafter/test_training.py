@@ -11,6 +11,7 @@ from draftsmith.drafter.checkpoint import list_checkpoints, model_state
 from draftsmith.drafter.trainer import Trainer, progress_line
 from draftsmith.drafter.ttt import StepStats
 from draftsmith.errors import DataError, ModelError, TrainingError
+from draftsmith.precision import native_bf16
 
 pytestmark = pytest.mark.slow  # builds features from the real target and trains (minutes on 2 shared cores)
 
@@ -35,6 +36,7 @@ def test_training_learns_and_reports(run_factory, caplog):
     assert status["step"] == 12 and len(status["train"]["acc"]) == 3
     assert (status["stage"], status["phase"]) == ("train", "done") and isinstance(status["updated_at"], float)
     assert status["line"].startswith("step      12/12 epoch ")
+    assert status["precision"] == ("bf16" if native_bf16("cpu") else "fp32")  # train.precision auto, resolved
     from prometheus_client import REGISTRY
 
     assert REGISTRY.get_sample_value("draftsmith_train_step", {"run": "learn"}) == 12

@@ -67,9 +67,10 @@ def test_a_float32_mla_target_is_pinned_to_the_reference_mla_attention(tmp_path)
     def backends(cmd: list[str]) -> list[str]:
         return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--attention-backend"]
 
-    assert backends(VLLMServerSpec(model=mla).command()) == ["CPU_MLA"]
-    assert backends(VLLMServerSpec(model=mla, speculative=spec).command()) == ["CPU_MLA"]
-    assert backends(VLLMServerSpec(model=llama).command()) == []
+    f32 = {"dtype": "float32"}
+    assert backends(VLLMServerSpec(model=mla, **f32).command()) == ["CPU_MLA"]
+    assert backends(VLLMServerSpec(model=mla, speculative=spec, **f32).command()) == ["CPU_MLA"]
+    assert backends(VLLMServerSpec(model=llama, **f32).command()) == []
     assert backends(VLLMServerSpec(model=mla, dtype="bfloat16").command()) == []
-    own = VLLMServerSpec(model=mla, extra_args=["--attention-backend", "AMX_MLA"]).command()
+    own = VLLMServerSpec(model=mla, extra_args=["--attention-backend", "AMX_MLA"], **f32).command()
     assert backends(own) == ["AMX_MLA"]

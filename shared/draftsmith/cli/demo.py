@@ -23,4 +23,4 @@ def demo(
     if size not in SIZES:
         raise ConfigError(f"unknown demo size {size!r}", f"use one of: {', '.join(SIZES)}")
     s = settings(run=run)
-    Demo(s, SIZES[size], say=lambda m: typer.echo(m)).run(fresh=fresh)
+    Demo(s, SIZES[size].for_this_machine(), say=lambda m: typer.echo(m)).run(fresh=fresh)

@@ -41,6 +41,7 @@ from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping
 from draftsmith.errors import DataError, Interrupted, TrainingError
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
+from draftsmith.precision import native_bf16
 
 log = get_logger(__name__)
 
@@ -313,9 +314,14 @@ class Trainer:
             out[i, : v.numel()] = v
         return out.to(self.dist.device)
 
+    @property
+    def precision(self) -> str:
+        """``"bf16"`` (autocast) or ``"fp32"``: ``train.precision``, with ``auto`` resolved by :mod:`draftsmith.precision`."""
+        bf16 = self.tc.precision == "bf16" or (self.tc.precision == "auto" and native_bf16(self.dist.device))
+        return "bf16" if bf16 else "fp32"
+
     def _autocast(self):
-        bf16 = self.tc.precision == "bf16" or (self.tc.precision == "auto" and self.dist.device.type == "cuda")
-        return torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=bf16)
+        return torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def _forward(self, batch, module) -> tuple[torch.Tensor, StepStats]:
         view = target_view(batch["final"], self.lm_head, self.model.d2t, self.model.t2d, in_vocab=batch["in_vocab"])
@@ -386,7 +392,7 @@ class Trainer:
                 progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0)
                 + ("" if held is None else f" | held-out accept_len {held.acceptance_length:.3f}"),
                 step=self.step, total_steps=self.total_steps, epoch=self.epoch, lr=lr, tokens_per_s=tps,
-                elapsed_s=time.time() - t0,
+                elapsed_s=time.time() - t0, precision=self.precision,
                 train={"loss": interval.losses, "acc": interval.accs, "accept_len": interval.acceptance_length},
                 heldout=None if held is None else {"loss": held.losses, "acc": held.accs,
                                                    "accept_len": held.acceptance_length},

@@ -28,6 +28,7 @@ from typing import Any
 from draftsmith.errors import EngineError
 from draftsmith.evaluation.prom import parse_text, total
 from draftsmith.evaluation.vllm_metrics import Acceptance
+from draftsmith.precision import serving_dtype
 
 ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accept_token_num", "spec_accepted_tokens")
 PROPOSED_KEYS = ("spec_num_proposed_drafts", "spec_draft_token_num", "spec_draft_tokens")
@@ -63,7 +64,7 @@ class SGLangServerSpec:
             sys.executable, "-m", "sglang.launch_server",
             "--model-path", str(self.model),
             "--host", self.host, "--port", str(self.port),
-            "--dtype", self.dtype,
+            "--dtype", serving_dtype(self.dtype),
             "--speculative-algorithm", "EAGLE3",
             "--speculative-draft-model-path", str(self.drafter),
             "--speculative-num-steps", str(self.k),

@@ -20,6 +20,7 @@ from draftsmith.artifacts.data import DATA_SCHEMA  # noqa: F401 (re-exported)
 from draftsmith.errors import DataError, DiskSpaceError, ModelError
 from draftsmith.features.hf import target_config
 from draftsmith.features.layers import parse_layer_ids, vllm_aux_ids
+from draftsmith.precision import compute_dtype
 
 BYTES_PER_VALUE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -192,7 +193,7 @@ def make_plan(settings, run_dir: Path) -> ExtractPlan:
         hidden_size=int(cfg["hidden_size"]),
         num_layers=num_layers,
         dtype=settings.extract.dtype,
-        compute_dtype=settings.extract.compute_dtype,
+        compute_dtype=compute_dtype(settings.extract.compute_dtype, settings.extract.device),
         backend=settings.extract.backend,
         shards=list(manifest["shards"]),
     )

@@ -23,6 +23,7 @@ import httpx
 
 from draftsmith.errors import EngineError
 from draftsmith.log import get_logger
+from draftsmith.precision import serving_dtype
 
 log = get_logger(__name__)
 
@@ -82,7 +83,7 @@ class VLLMServerSpec:
     served_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    dtype: str = "float32"
+    dtype: str = "auto"  # resolved by draftsmith.precision.serving_dtype when the command is built
     max_model_len: int = 4096
     kv_cache_gib: int = 2
     enforce_eager: bool = False
@@ -104,7 +105,7 @@ class VLLMServerSpec:
             sys.executable, "-m", entry,
             "--model", str(self.model),
             "--host", self.host, "--port", str(self.port),
-            "--dtype", self.dtype,
+            "--dtype", serving_dtype(self.dtype),
             "--max-model-len", str(self.max_model_len),
             "--disable-uvicorn-access-log",
         ]
@@ -122,7 +123,7 @@ class VLLMServerSpec:
 
     def needs_reference_mla(self) -> bool:
         """:func:`needs_reference_mla` for this server; an ``--attention-backend`` in ``extra_args`` wins."""
-        if not needs_reference_mla(self.model, self.dtype):
+        if not needs_reference_mla(self.model, serving_dtype(self.dtype)):
             return False
         return not any(a == "--attention-backend" or a.startswith("--attention-backend=") for a in self.extra_args)
 
