@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from draftsmith.artifacts.report import read_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,7 +89,7 @@ def run_variant(base_cfg: dict[str, Any], runs_dir: Path, run: str, v: dict[str,
     _draftsmith(["export", "--run", vrun, "--format", "eagle3"], cfg_file, log)
     if not a.no_vllm:
         _draftsmith(["eval", "--run", vrun, "--engine", "vllm", "--no-baseline"], cfg_file, log)
-        rep = json.loads((root / "eval" / "report.json").read_text())
+        rep = read_report(root / "eval")
         eng = rep["results"][0]
         out["vllm"] = {"overall": eng["overall"]["mean_acceptance_length"],
                        "sets": {k: m["mean_acceptance_length"] for k, m in eng["sets"].items()},

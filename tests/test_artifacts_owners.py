@@ -16,8 +16,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "draftsmith"
 SCHEMA_TAGS = ("draftsmith.record/1", "draftsmith.data/1", "draftsmith.features/1", "draftsmith.vocab/1",
-               "draftsmith.checkpoint/1")
-FILE_NAMES = ("manifest.json", "stats.json", "latest.json", ".meta.json")
+               "draftsmith.checkpoint/1", "draftsmith.eval-report/1")
+FILE_NAMES = ("manifest.json", "stats.json", "latest.json", ".meta.json", "model.safetensors", "report.json",
+              "report.md", "report.png", "metrics.prom")
 # a name as a path component: "stats.json" but not "data-stats.json"; ".meta.json" is a suffix, matched anywhere
 NAME_RE = {n: re.compile(("" if n.startswith(".") else r"(?<![\w.-])") + re.escape(n)) for n in FILE_NAMES}
 
@@ -41,10 +42,19 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     return ids
 
 
+def _prose_nodes(tree: ast.AST) -> set[int]:
+    """Ids of the string constants given as ``description=`` or ``help=`` (a setting's or a flag's prose)."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in ("description", "help"):
+            ids.update(id(n) for n in ast.walk(node.value) if isinstance(n, ast.Constant))
+    return ids
+
+
 def code_strings(source: str) -> list[str]:
-    """String constants of a module's code (f-string parts included), docstrings left out."""
+    """String constants of a module's code (f-string parts included), docstrings and setting/flag help left out."""
     tree = ast.parse(source)
-    docs = _docstring_nodes(tree)
+    docs = _docstring_nodes(tree) | _prose_nodes(tree)
     return [n.value for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
 
@@ -99,3 +109,31 @@ def test_the_checks_catch_a_hand_built_path(tmp_path):
     spellers = file_name_spellers(tmp_path)
     assert spellers["manifest.json"] == ["stage.py"] and spellers[".meta.json"] == ["stage.py"]
     assert spellers["stats.json"] == [] and spellers["latest.json"] == []
+
+
+def test_export_file_names_are_hugging_faces():
+    """The export owner spells HF's names to stay import-light; they must still be transformers' own."""
+    from draftsmith.artifacts import export
+    from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
+
+    assert (export.CONFIG_FILE, export.WEIGHTS_FILE) == (CONFIG_NAME, SAFE_WEIGHTS_NAME)
+
+
+def test_the_export_layout_is_read_from_its_config():
+    from draftsmith.artifacts.export import layout_dir, layout_of
+
+    assert layout_of({"speculators_model_type": "eagle3"}) == "speculators"
+    assert layout_of({"architectures": ["LlamaForCausalLMEagle3"]}) == "eagle3"
+    assert layout_of({"eagle_config": {}}) == "eagle3"
+    assert layout_of({"architectures": ["LlamaForCausalLM"]}) is None
+    with pytest.raises(ValueError, match="unknown export layout"):
+        layout_dir(Path("export"), "medusa")
+
+
+def test_a_report_of_another_schema_is_refused(tmp_path):
+    from draftsmith.artifacts.report import read_report
+
+    assert read_report(tmp_path) is None
+    (tmp_path / "report.json").write_text('{"schema": "draftsmith.eval-report/0"}')
+    with pytest.raises(ValueError, match="eval-report/0"):
+        read_report(tmp_path)

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
+from draftsmith.artifacts.report import read_report
 from draftsmith.config import Settings
 from draftsmith.errors import DraftsmithError
 from draftsmith.log import get_logger
@@ -346,11 +348,10 @@ class Demo:
 
     def report(self, st: dict[str, Any]) -> None:
         """Print acceptance per set, speedup, artifacts and stage timings."""
-        rep_file = self.paths.eval / "report.json"
+        rep = read_report(self.paths.eval)
         self.say("")
         self.say(f"==================== draftsmith demo report (size {self.size.name}) ====================")
-        if rep_file.exists():
-            rep = json.loads(rep_file.read_text())
+        if rep is not None:
             for eng in rep.get("results", []):
                 self.say(f"engine {eng.get('engine')}  k={eng.get('k')}  temperature={eng.get('temperature')}")
                 self.say(f"  {'set':<12} {'accept len':>10} {'accept rate':>11} {'tok/s':>8} {'base tok/s':>10} {'speedup':>8}")
@@ -367,8 +368,8 @@ class Demo:
         self.say("artifacts:")
         for label, p in (("records", self.paths.records), ("training data", self.paths.data),
                          ("features", self.paths.features), ("checkpoints", self.paths.checkpoints),
-                         ("drafter (EAGLE-3 layout)", self.paths.export / "eagle3"),
-                         ("drafter (speculators layout)", self.paths.export / "speculators"),
+                         ("drafter (EAGLE-3 layout)", layout_dir(self.paths.export, EAGLE3)),
+                         ("drafter (speculators layout)", layout_dir(self.paths.export, SPECULATORS)),
                          ("eval report", self.paths.eval), ("logs", self.paths.logs)):
             self.say(f"  {label:<30} {p}{'' if p.exists() else '  (missing)'}")
         self.say("stage timings:")

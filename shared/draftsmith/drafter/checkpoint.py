@@ -185,7 +185,7 @@ def load_model_weights(model, ckpt: Path) -> None:
     try:
         sd = load_file(str(ckpt / artifact.WEIGHTS_FILE))
     except Exception as e:  # safetensors raises its own error types for corrupt files
-        raise ModelError(f"cannot read {ckpt / 'model.safetensors'}: {e}", "the checkpoint is corrupt; pick another") from e
+        raise ModelError(f"cannot read {ckpt / artifact.WEIGHTS_FILE}: {e}", "the checkpoint is corrupt; pick another") from e
     want = model_state(model)
     missing, extra = sorted(set(want) - set(sd)), sorted(set(sd) - set(want))
     bad = [k for k in want if k in sd and tuple(sd[k].shape) != tuple(want[k].shape)]

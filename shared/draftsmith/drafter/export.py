@@ -23,6 +23,15 @@ from typing import Any
 
 import torch
 
+from draftsmith.artifacts.export import (
+    EAGLE3,
+    EAGLE3_ARCHITECTURE,
+    LAYOUTS,
+    SPECULATORS,
+    config_path,
+    layout_dir,
+    weights_path,
+)
 from draftsmith.drafter.checkpoint import FROZEN, model_state
 from draftsmith.drafter.config import DraftConfig, vllm_layer_ids
 from draftsmith.features.layers import eagle3_layout_ids
@@ -62,7 +71,7 @@ def llama_fields(cfg: DraftConfig) -> dict[str, Any]:
 def eagle3_config(cfg: DraftConfig) -> dict[str, Any]:
     """``config.json`` of the EAGLE / SpecForge layout."""
     return {
-        "architectures": ["LlamaForCausalLMEagle3"],
+        "architectures": [EAGLE3_ARCHITECTURE],
         **llama_fields(cfg),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
@@ -78,7 +87,7 @@ def speculators_config(cfg: DraftConfig, speculative_tokens: int, verifier: str)
     layer = {"architectures": ["LlamaForCausalLM"], **llama_fields(cfg)}
     return {
         "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "speculators_model_type": EAGLE3,
         "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": layer,
         "draft_vocab_size": cfg.draft_vocab_size,
@@ -103,7 +112,7 @@ def export_weights(model, layout: str) -> dict[str, torch.Tensor]:
     for k, v in model_state(model).items():
         if k in FROZEN:
             continue
-        if layout == "eagle3" and k.startswith("layers.0."):
+        if layout == EAGLE3 and k.startswith("layers.0."):
             k = "midlayer." + k[len("layers.0."):]
         out[k] = v.contiguous()
     return out
@@ -121,14 +130,16 @@ def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3,
     from safetensors.torch import save_file
 
     cfg: DraftConfig = model.cfg
-    config = eagle3_config(cfg) if layout == "eagle3" else speculators_config(cfg, speculative_tokens, verifier)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown export layout {layout!r}; expected one of {LAYOUTS}")
+    config = eagle3_config(cfg) if layout == EAGLE3 else speculators_config(cfg, speculative_tokens, verifier)
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(export_weights(model, layout), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config_path(tmp).write_text(json.dumps(config, indent=2))
+    save_file(export_weights(model, layout), str(weights_path(tmp)), metadata={"format": "pt"})
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
@@ -141,5 +152,5 @@ def export_checkpoint(ckpt: Path, target_path: str, out_root: Path, fmt: str, sp
     from draftsmith.drafter.load import load_checkpoint_model
 
     model = load_checkpoint_model(ckpt, target_path)
-    layouts = ["speculators", "eagle3"] if fmt == "both" else [fmt]  # eagle3 last: it may refuse the layer ids
-    return [write_export(model, Path(out_root) / lay, lay, speculative_tokens, target_path) for lay in layouts]
+    layouts = [SPECULATORS, EAGLE3] if fmt == "both" else [fmt]  # eagle3 last: it may refuse the layer ids
+    return [write_export(model, layout_dir(out_root, lay), lay, speculative_tokens, target_path) for lay in layouts]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.artifacts.export import SPECULATORS, config_path, layout_of
 from draftsmith.drafter.checkpoint import load_model_weights, model_state, read_state
 from draftsmith.drafter.config import DraftConfig, derive_config, from_vllm_layer_ids
 from draftsmith.drafter.model import Eagle3Drafter
@@ -36,16 +37,13 @@ def read_export(folder: Path | str) -> tuple[str, dict, dict[str, torch.Tensor]]
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    cfg_path = folder / "config.json"
+    cfg_path = config_path(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not cfg_path.is_file() or not files:
-        raise ModelError(f"{folder} has no config.json or *.safetensors", "point at an exported drafter folder")
+        raise ModelError(f"{folder} has no {cfg_path.name} or *.safetensors", "point at an exported drafter folder")
     config = json.loads(cfg_path.read_text())
-    if config.get("speculators_model_type") == "eagle3":
-        layout = "speculators"
-    elif "LlamaForCausalLMEagle3" in (config.get("architectures") or []) or "eagle_config" in config:
-        layout = "eagle3"
-    else:
+    layout = layout_of(config)
+    if layout is None:
         raise ModelError(f"{cfg_path} is neither an EAGLE-3 nor a speculators eagle3 config",
                          "export the drafter with `draftsmith export`")
     weights: dict[str, torch.Tensor] = {}
@@ -69,11 +67,11 @@ def export_draft_config(layout: str, config: dict, target_path: Path | str) -> D
     Raises:
         ModelError: a field the engine reads differs from the target's.
     """
-    layer = config["transformer_layer_config"] if layout == "speculators" else config
+    layer = config["transformer_layer_config"] if layout == SPECULATORS else config
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids")
     ids = from_vllm_layer_ids(ids) if ids else None
-    nbr = config.get("norm_before_residual", layout == "speculators")
+    nbr = config.get("norm_before_residual", layout == SPECULATORS)
     cfg = derive_config(target_path, int(config["draft_vocab_size"]), ids, int(layer.get("num_hidden_layers", 1)), nbr,
                         bool(config.get("fc_norm", False)))
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.artifacts.export import config_path, weights_path
 from draftsmith.errors import ModelError
 
 
@@ -30,9 +31,9 @@ class DrafterInfo:
 
 
 def _read_config(folder: Path, what: str) -> dict:
-    cfg = Path(folder) / "config.json"
+    cfg = config_path(folder)
     if not cfg.is_file():
-        raise ModelError(f"the {what} folder {folder} has no config.json", f"pass the {what}'s checkpoint folder")
+        raise ModelError(f"the {what} folder {folder} has no {cfg.name}", f"pass the {what}'s checkpoint folder")
     try:
         return json.loads(cfg.read_text())
     except json.JSONDecodeError as e:
@@ -68,9 +69,9 @@ def check_drafter_fits(target_dir: Path, drafter_dir: Path) -> DrafterInfo:
     d = _read_config(drafter_dir, "drafter")
     tcfg = t.get("text_config", t)
     h_t, v_t, n_layers = int(tcfg["hidden_size"]), int(tcfg["vocab_size"]), int(tcfg["num_hidden_layers"])
-    weights = drafter_dir / "model.safetensors"
+    weights = weights_path(drafter_dir)
     if not weights.is_file():
-        raise ModelError(f"the drafter folder {drafter_dir} has no model.safetensors", "run `draftsmith export`")
+        raise ModelError(f"the drafter folder {drafter_dir} has no {weights.name}", "run `draftsmith export`")
     shapes = _shapes(weights)
     for key in ("fc.weight", "d2t", "t2d", "lm_head.weight"):
         if key not in shapes:

@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.export import EAGLE3, layout_dir
 from draftsmith.config import Settings
 from draftsmith.errors import EngineError, ModelError
 from draftsmith.evaluation.checks import DrafterInfo, check_drafter_fits
@@ -42,7 +43,7 @@ def drafter_dir(s: Settings, paths: RunPaths) -> Path:
     Raises:
         ModelError: the folder does not exist.
     """
-    path = Path(s.eval.drafter) if s.eval.drafter else paths.export / "eagle3"
+    path = Path(s.eval.drafter) if s.eval.drafter else layout_dir(paths.export, EAGLE3)
     if not path.is_dir():
         raise ModelError(f"no drafter export at {path}", "run `draftsmith export` first or pass --drafter DIR")
     return path

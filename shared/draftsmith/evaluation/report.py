@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.report import REPORT_SCHEMA, report_paths
 from draftsmith.evaluation.runner import SetMeasure
 from draftsmith.log import get_logger
 from draftsmith.paths import atomic_write_bytes, atomic_write_text
 
 log = get_logger(__name__)
 
-SCHEMA = "draftsmith.eval-report/1"
 DEFINITION = {
     "acceptance_rate": "accepted draft tokens / proposed draft tokens (0..1)",
     "mean_acceptance_length": "tokens emitted per verify step, bonus token counted (1..K+1); "
@@ -78,7 +78,7 @@ def build_report(run: str, engine: str, k: int, temperature: float, results: lis
                  config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole ``report.json`` document (schema ``draftsmith.eval-report/1``)."""
     return {
-        "schema": SCHEMA,
+        "schema": REPORT_SCHEMA,
         "run": run,
         "engine": engine,
         "k": k,
@@ -198,8 +198,7 @@ def write_reports(report: dict[str, Any], out_dir: Path, pushgateway_url: str | 
         ``{"json": ..., "md": ..., "png": ..., "prom": ...}`` paths.
     """
     out_dir = Path(out_dir)
-    paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "png": out_dir / "report.png",
-             "prom": out_dir / "metrics.prom"}
+    paths = report_paths(out_dir)
     atomic_write_text(paths["json"], json.dumps(report, indent=2, default=str) + "\n")
     atomic_write_text(paths["md"], render_markdown(report))
     render_png(report, paths["png"])

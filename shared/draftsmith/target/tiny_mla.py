@@ -265,6 +265,7 @@ def make_tiny_mla(cache_dir: Path, steps: int = 200, examples: int = 32, force: 
     """
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers.utils import SAFE_WEIGHTS_NAME
 
     out = tiny_mla_dir(cache_dir)
     if is_current(out, steps=steps, examples=examples, seed=seed) and not force:
@@ -286,7 +287,7 @@ def make_tiny_mla(cache_dir: Path, steps: int = 200, examples: int = 32, force: 
             loss = train(model, ids, masks, steps, seed=seed)
         model.config.architectures = ["DeepseekV3ForCausalLM"]
         model.save_pretrained(tmp)
-        digest = hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest()
+        digest = hashlib.sha256((tmp / SAFE_WEIGHTS_NAME).read_bytes()).hexdigest()
         # weights_sha256 is the target revision that features are pinned to (draftsmith.features.plan)
         marker = {"recipe_version": RECIPE_VERSION, "weights_sha256": digest, "steps": steps, "examples": examples, "seed": seed,
                   "final_train_loss": loss, "built_in_s": round(time.time() - t0, 1),
