@@ -119,3 +119,24 @@ def test_every_stage_snapshot_has_one_shape_and_status_prints_its_line(tmp_path)
     assert snaps["old"]["updated_at"] == 0.0 and snapshot_line(snaps["old"]) == "(no progress line yet)"
     with pytest.raises(ValueError, match="unknown stage phase"):
         write_snapshot(tmp_path, "train", "finished", "x")
+
+
+def test_the_progress_line_counts_the_leases_held_now(tmp_path, redis_url):
+    """The demo's progress hint printed "in flight 0" for a whole run: only `status` passed the lease count. The
+    snapshot now reads it itself, so every caller shows the same figure."""
+    from draftsmith.generation.inflight import InflightCap
+    from draftsmith.generation.progress import snapshot
+
+    client = redis.Redis.from_url(redis_url)
+    root = _run(tmp_path)
+    board = ProgressBoard(client, PREFIX, root)
+    board.set(phase="running", total=8, done_at_start=0)
+    board.start_if_unset()
+    cap = InflightCap(client, PREFIX, 8)
+    tokens = [cap.try_acquire() for _ in range(3)]
+    assert all(tokens)
+    snap = snapshot(client, PREFIX, root)
+    assert snap.in_flight == 3 and "in flight 3," in snap.line()
+    assert "in flight 3," in _status(tmp_path, redis_url)
+    cap.exchange(tokens, 0)
+    assert snapshot(client, PREFIX, root).in_flight == 0

@@ -41,7 +41,9 @@ class DemoSize:
     name: str
     pools: dict[str, int]
     config: dict[str, Any]
-    workers: int = 2
+    # generation worker processes; None = the pool's own rule, ceil(concurrency / batch_size) + 1, which keeps the
+    # in-flight cap full while a job finishes its slowest requests (a fixed 4 for 64 / 16 left it short)
+    workers: int | None = None
     target: str = "embedded"  # embedded (SmolLM2) | tiny-mla (draftsmith.target.tiny_mla, docs/mla.md)
     # where the CPU computes bf16 natively (draftsmith.precision: every stage ~1.7-3.6x faster), the same budget
     # buys more data: these pools and per-section config keys replace the ones above
@@ -84,7 +86,6 @@ SIZES: dict[str, DemoSize] = {
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 2, "max_tokens": 64,
                      "concurrency": 4, "k": 3},
         },
-        workers=3,
     ),
     # the best drafter the 45-minute budget allows on 2 CPU cores (sizing in docs/benchmarks.md): 1.51 in vLLM in
     # 31 min on an AVX-512 Xeon; 863 prompts and 3 epochs measured 1.53 (noise) in 34 min there, ~44 min on AVX2
@@ -101,7 +102,6 @@ SIZES: dict[str, DemoSize] = {
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 10, "max_tokens": 128,
                      "concurrency": 4, "k": 3},
         },
-        workers=4,
         native_bf16={
             "pools": {"gsm8k_train.jsonl": 560, "self_instruct_seed_tasks.jsonl": 175,
                       "user_oriented_instructions.jsonl": 252, "python_stdlib_functions.jsonl": 400,
@@ -127,7 +127,6 @@ SIZES: dict[str, DemoSize] = {
                       "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
             "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},
         },
-        workers=2,
         target="tiny-mla",
     ),
 }
@@ -271,7 +270,8 @@ class Demo:
         for pool, n in self.size.pools.items():
             enqueue(s, str(REPO_DATA / "prompts" / pool), n, s.generation.batch_size,
                     say=lambda m: self.say(f"  {m}"))
-        self.run_cmd("generate", ["worker", "--burst", "--processes", str(self.size.workers), "--metrics-port", "0"])
+        procs = ["--processes", str(self.size.workers)] if self.size.workers else []
+        self.run_cmd("generate", ["worker", "--burst", *procs, "--metrics-port", "0"])
         from draftsmith.generation.progress import snapshot
         from draftsmith.queues import connect
 

@@ -117,7 +117,6 @@ def collect_status(s: Settings) -> RunStatus:
     """Read the run's status from Redis (generation) and the stage snapshots (every other stage)."""
     import redis
 
-    from draftsmith.generation.inflight import InflightCap
     from draftsmith.generation.progress import ProgressBoard, snapshot
 
     paths = RunPaths(s.runs_dir, s.run)
@@ -125,16 +124,15 @@ def collect_status(s: Settings) -> RunStatus:
     if not paths.root.exists():
         out.lines.append(f"run {s.run}: nothing under {paths.root} yet (phase: not started)")
         return out
-    client, in_flight = None, 0
+    client = None
     try:
         client = redis.Redis.from_url(s.redis.url, socket_connect_timeout=2)
         client.ping()
-        in_flight = InflightCap(client, s.redis.prefix, 1, 0).in_flight()
     except redis.RedisError:
         client = None
     live = client is not None and bool(ProgressBoard(client, s.redis.prefix, paths.root).read())
     if paths.prompts.exists() or live:
-        snap = snapshot(client, s.redis.prefix, paths.root, in_flight)
+        snap = snapshot(client, s.redis.prefix, paths.root)
         src = "" if snap.source == "redis" else " (from disk)"
         line, failed_for_good = generation_line(s, client, snap, paths.root)
         out.lines.append(f"generation{src}: {line}")

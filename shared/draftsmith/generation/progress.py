@@ -136,13 +136,21 @@ def _hms(s: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def snapshot(client: redis.Redis | None, prefix: str, run_root: Path, in_flight: int = 0) -> ProgressSnapshot:
-    """Compute the progress line of a run from Redis, or from disk when Redis has nothing for it."""
+def snapshot(client: redis.Redis | None, prefix: str, run_root: Path) -> ProgressSnapshot:
+    """Compute the progress line of a run from Redis, or from disk when Redis has nothing for it.
+
+    ``in_flight`` is the generate stage's live lease count (:class:`~draftsmith.generation.inflight.InflightCap`),
+    0 without Redis.
+    """
+    from draftsmith.generation.inflight import InflightCap
+
     run_root = Path(run_root)
     h: dict[str, str] = {}
+    in_flight = 0
     if client is not None:
         try:
             h = ProgressBoard(client, prefix, run_root).read()
+            in_flight = InflightCap(client, prefix, 1, 0).in_flight()
         except redis.RedisError:
             h = {}
     done_disk = len(done_ids(run_root / "records"))
