@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.cli.options import setting_option
 
 
 def _tokenizer_path(s) -> Path:
@@ -21,8 +22,8 @@ def _tokenizer_path(s) -> Path:
 @app.command("build-data")
 def build_data_cmd(
     run: str = typer.Option(None, "--run", help="Run name (records under runs/<run>/records)."),
-    max_length: int = typer.Option(None, "--max-length", help="Longest sample in tokens (data.max_length)."),
-    draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="Draft vocabulary size N."),
+    max_length: int = setting_option("data.max_length", "--max-length"),
+    draft_vocab_size: int = setting_option("data.draft_vocab_size", "--draft-vocab-size"),
     check: bool = typer.Option(False, "--check", help="Only render and validate token-exactly; write nothing."),
 ) -> None:
     """Render records with the target's chat template, mask, validate token-exactly, pack samples, build d2t/t2d."""

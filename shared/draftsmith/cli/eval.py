@@ -7,24 +7,24 @@ from pathlib import Path
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.cli.options import setting_option
 
 
 @app.command("eval")
 def eval_cmd(
     run: str | None = typer.Option(None, "--run", help="Run name (runs/<run>/export/eagle3 is evaluated)."),
-    engine: str | None = typer.Option(None, "--engine", help="vllm, sglang or both."),
-    sets: str | None = typer.Option(None, "--sets", help="Comma-separated set names (mt_bench,gsm8k,humaneval,"
-                                    "alpaca) or JSONL paths in the EAGLE layout."),
-    k: int | None = typer.Option(None, "--k", help="Speculative tokens per step (chain drafting)."),
-    url: str | None = typer.Option(None, "--url", help="vLLM server that already serves the drafter."),
-    baseline_url: str | None = typer.Option(None, "--baseline-url", help="Server without drafter (speedup)."),
-    sglang_url: str | None = typer.Option(None, "--sglang-url", help="SGLang server that serves the drafter."),
-    out: Path | None = typer.Option(None, "--out", help="Report folder (default runs/<run>/eval)."),
-    drafter: Path | None = typer.Option(None, "--drafter", help="Drafter folder (default runs/<run>/export/eagle3)."),
-    limit: int | None = typer.Option(None, "--limit", help="Questions per set."),
-    concurrency: int | None = typer.Option(None, "--concurrency", help="Prompts in flight."),
-    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature (default 0)."),
-    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Most new tokens per turn."),
+    engine: str | None = setting_option("eval.engine", "--engine"),
+    sets: str | None = setting_option("eval.sets", "--sets", extra="Comma-separated."),
+    k: int | None = setting_option("eval.k", "--k"),
+    url: str | None = setting_option("eval.url", "--url"),
+    baseline_url: str | None = setting_option("eval.baseline_url", "--baseline-url"),
+    sglang_url: str | None = setting_option("eval.sglang_url", "--sglang-url"),
+    out: Path | None = setting_option("eval.out", "--out"),
+    drafter: Path | None = setting_option("eval.drafter", "--drafter"),
+    limit: int | None = setting_option("eval.limit", "--limit"),
+    concurrency: int | None = setting_option("eval.concurrency", "--concurrency"),
+    temperature: float | None = setting_option("eval.temperature", "--temperature"),
+    max_tokens: int | None = setting_option("eval.max_tokens", "--max-tokens"),
     no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the run without drafter (no speedup)."),
     offline: bool = typer.Option(False, "--offline", help="Add the offline estimate (transformers, no engine)."),
     print_sglang_command: bool = typer.Option(

@@ -7,17 +7,18 @@ import time
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.cli.options import setting_option
 
 
 @app.command("extract")
 def extract_cmd(
     run: str = typer.Option(..., "--run", help="Run name (reads runs/<run>/data, writes runs/<run>/features)."),
-    backend: str | None = typer.Option(None, "--backend", help="hf (transformers) or vllm (extract.backend)."),
+    backend: str | None = setting_option("extract.backend", "--backend"),
     layers: str | None = typer.Option(
         None, "--layers", help="Aux layer ids a,b,c = outputs of decoder layers (default 1,L//2-1,L-4)."
     ),
     sync: bool = typer.Option(False, "--sync", help="Run the jobs in this process, without Redis."),
-    dtype: str | None = typer.Option(None, "--dtype", help="Stored dtype: bfloat16, float16 or float32."),
+    dtype: str | None = setting_option("extract.dtype", "--dtype"),
 ) -> None:
     """Extract aux and final hidden states of every data shard (resumes: finished shards are skipped)."""
     from draftsmith.features.plan import check_disk, make_plan

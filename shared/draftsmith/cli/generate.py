@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.cli.options import setting_option
 
 
 @app.command()
@@ -12,12 +13,12 @@ def enqueue(
     source: str = typer.Option(None, "--source", "-s", help="JSONL/JSON/Parquet file, dataset folder or hub name. "
                                "Omit to re-enqueue the run's own prompts (resume)."),
     limit: int = typer.Option(None, "--limit", "-n", min=1, help="Extract at most N unique prompts."),
-    batch_size: int = typer.Option(None, "--batch-size", "-b", min=1, help="Prompts per job (generation.batch_size)."),
+    batch_size: int = setting_option("generation.batch_size", "--batch-size", "-b", min=1),
     run: str = typer.Option(None, "--run", help="Run name."),
     split: str = typer.Option("train", "--split", help="Dataset split for folders and hub names."),
-    url: str = typer.Option(None, "--url", help="Target server URL (target.url)."),
-    model: str = typer.Option(None, "--model", help="Served model name (target.model)."),
-    max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="generation.max_tokens."),
+    url: str = setting_option("target.url", "--url"),
+    model: str = setting_option("target.model", "--model"),
+    max_tokens: int = setting_option("generation.max_tokens", "--max-tokens", min=1),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and report; enqueue nothing."),
 ) -> None:
     """Extract unique prompts and enqueue the pending ones as generation jobs."""
@@ -35,10 +36,9 @@ def worker(
     processes: int = typer.Option(None, "--processes", "-p", min=1,
                                   help="rq worker processes (default: enough to reach the in-flight cap, "
                                   "ceil(generation.concurrency / generation.batch_size) + 1, for the generate queue)."),
-    concurrency: int = typer.Option(None, "--concurrency", "-c", min=1,
-                                    help="In-flight request cap shared by all workers (generation.concurrency)."),
+    concurrency: int = setting_option("generation.concurrency", "--concurrency", "-c", min=1),
     burst: bool = typer.Option(False, "--burst", help="Exit when the queues are empty."),
-    metrics_port: int = typer.Option(None, "--metrics-port", help="Port of /metrics (metrics.port; 0 = off)."),
+    metrics_port: int = setting_option("metrics.port", "--metrics-port"),
     metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr",
                                      help="Address /metrics binds (0.0.0.0 in a container whose port is scraped)."),
 ) -> None:

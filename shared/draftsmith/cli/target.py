@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.cli.options import setting_help, setting_option
 
 target_app = typer.Typer(help="Prepare and serve the target model (embedded CPU default).", no_args_is_help=True)
 app.add_typer(target_app, name="target")
@@ -37,11 +38,11 @@ def make_tiny_mla_cmd(
 
 @target_app.command("serve")
 def serve(
-    port: int = typer.Option(None, "--port", help="target.port"),
-    host: str = typer.Option(None, "--host", help="target.host"),
+    port: int = setting_option("target.port", "--port"),
+    host: str = setting_option("target.host", "--host"),
     drafter: Path = typer.Option(None, "--drafter", help="EAGLE-3 drafter folder to serve with (speculative)."),
     k: int = typer.Option(3, "--k", min=1, help="Speculative tokens with --drafter."),
-    eager: bool = typer.Option(None, "--eager/--compiled", help="target.enforce_eager"),
+    eager: bool = typer.Option(None, "--eager/--compiled", help=setting_help("target.enforce_eager")),
 ) -> None:
     """Start vLLM's CPU build on the target, print its URL when it answers, stop cleanly on Ctrl-C."""
     from draftsmith.target.server import VLLMServer, VLLMServerSpec

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.cli.options import setting_option
 
 
 def train_summary(result: dict, status_file) -> str:
@@ -28,12 +29,12 @@ def train_cmd(
     run: str | None = typer.Option(
         None, "--run", help="Run name (reads runs/<run>/data and features; default: the `run` setting, "
         "DRAFTSMITH_RUN). Under torchrun set DRAFTSMITH_RUN instead: torchrun reads --run as its own --run-path."),
-    ttt_steps: int | None = typer.Option(None, "--ttt-steps", help="TTT unroll depth k (train.ttt_steps)."),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after N optimizer steps."),
-    epochs: int | None = typer.Option(None, "--epochs", help="Passes over the training split."),
-    lr: float | None = typer.Option(None, "--lr", help="Peak learning rate."),
-    draft_vocab_size: int | None = typer.Option(None, "--draft-vocab-size", help="Draft vocabulary size N."),
-    init_from: str | None = typer.Option(None, "--init-from", help="Pretrained drafter folder to fine-tune."),
+    ttt_steps: int | None = setting_option("train.ttt_steps", "--ttt-steps"),
+    max_steps: int | None = setting_option("train.max_steps", "--max-steps"),
+    epochs: int | None = setting_option("train.epochs", "--epochs"),
+    lr: float | None = setting_option("train.lr", "--lr"),
+    draft_vocab_size: int | None = setting_option("train.draft_vocab_size", "--draft-vocab-size"),
+    init_from: str | None = setting_option("train.init_from", "--init-from"),
     no_resume: bool = typer.Option(False, "--no-resume", help="Start over even if checkpoints exist."),
 ) -> None:
     """Train the drafter with training-time test; resumes from the latest checkpoint. Use torchrun for DDP."""
@@ -55,7 +56,7 @@ def train_cmd(
 def export_cmd(
     run: str = typer.Option(..., "--run", help="Run name."),
     checkpoint: str | None = typer.Option(None, "--checkpoint", help="Checkpoint name or folder (default: latest)."),
-    fmt: str | None = typer.Option(None, "--format", help="eagle3, speculators or both (export.format)."),
+    fmt: str | None = setting_option("export.format", "--format"),
 ) -> None:
     """Write runs/<run>/export/<layout>/ for vLLM and SGLang."""
     s = settings(run=run, export={"format": fmt})
