@@ -116,7 +116,7 @@ def pool_run(redis_url: str, work: Path, url: str, src: Path, n: int, concurrenc
     s = load_settings(None, {"runs_dir": str(work), "run": run, "redis": {"url": redis_url, "prefix": PREFIX},
                              "target": {"url": url, "model": "stub"},
                              "generation": {"concurrency": concurrency, "max_tokens": 8, "min_free_disk_gb": 0}})
-    from draftsmith.generation.pool import default_processes
+    from draftsmith.jobqueue.pool import default_processes
 
     procs = default_processes(s, ["generate"])
     pools = [start_pool(pool_env(redis_url, work, u, concurrency)) for u in (urls or [url])]
@@ -140,7 +140,7 @@ def idle_pool_cpu(redis_url: str, work: Path, url: str, concurrency: int) -> flo
     """CPU seconds of a pool that starts, idles and stops (its fixed cost, subtracted from the runs)."""
     r = redis.Redis.from_url(redis_url)
     s = load_settings(None, {"generation": {"concurrency": concurrency}})
-    from draftsmith.generation.pool import default_processes
+    from draftsmith.jobqueue.pool import default_processes
 
     c0 = children_cpu()
     p = start_pool(pool_env(redis_url, work, url, concurrency))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 from draftsmith.generation.enqueue import active_prompt_ids
-from draftsmith.queues import fetch_job, get_queue
+from draftsmith.jobqueue.queues import fetch_job, get_queue
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer

@@ -37,7 +37,7 @@ def test_redis_error_message_hides_the_password(tmp_path):
     assert r.returncode == 2 and PASSWORD not in r.stdout + r.stderr
     assert "error: Redis does not answer at redis://:**********@127.0.0.1:1/2" in r.stderr
     from draftsmith.errors import QueueError
-    from draftsmith.queues import connect
+    from draftsmith.jobqueue.queues import connect
 
     with pytest.raises(QueueError) as e:
         connect(REDIS)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 from draftsmith.generation.progress import ProgressBoard
-from draftsmith.queues import get_queue
+from draftsmith.jobqueue.queues import get_queue
 
 PREFIX = "dshealth"
 JOB_FUNC = "draftsmith.generation.jobs.generate_job"
@@ -53,7 +53,7 @@ def test_jobs_failed_for_good_show_failed_with_the_reason(tmp_path, redis_url):
     for ids in (["p0", "p1", "p2", "p3"], ["p4", "p5", "p6", "p7"]):
         _enqueue(client, root, ids)
     code = ("import redis; from rq import Worker; from rq.serializers import JSONSerializer; "
-            f"from draftsmith.queues import get_queue; c = redis.Redis.from_url({redis_url!r}); "
+            f"from draftsmith.jobqueue.queues import get_queue; c = redis.Redis.from_url({redis_url!r}); "
             f"Worker([get_queue(c, {PREFIX!r}, 'generate')], connection=c, serializer=JSONSerializer).work(burst=True)")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)  # a real rq worker
     line = _status(tmp_path, redis_url)
@@ -124,8 +124,8 @@ def test_every_stage_snapshot_has_one_shape_and_status_prints_its_line(tmp_path)
 def test_the_progress_line_counts_the_leases_held_now(tmp_path, redis_url):
     """The demo's progress hint printed "in flight 0" for a whole run: only `status` passed the lease count. The
     snapshot now reads it itself, so every caller shows the same figure."""
-    from draftsmith.generation.inflight import InflightCap
     from draftsmith.generation.progress import snapshot
+    from draftsmith.jobqueue.inflight import InflightCap
 
     client = redis.Redis.from_url(redis_url)
     root = _run(tmp_path)

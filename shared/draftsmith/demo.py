@@ -225,7 +225,7 @@ class Demo:
         if stage == "generate":
             try:
                 from draftsmith.generation.progress import snapshot
-                from draftsmith.queues import connect
+                from draftsmith.jobqueue.queues import connect
 
                 return " | " + snapshot(connect(self.s.redis.url), self.s.redis.prefix, self.paths.root).line()
             except DraftsmithError:
@@ -273,7 +273,7 @@ class Demo:
         procs = ["--processes", str(self.size.workers)] if self.size.workers else []
         self.run_cmd("generate", ["worker", "--burst", *procs, "--metrics-port", "0"])
         from draftsmith.generation.progress import snapshot
-        from draftsmith.queues import connect
+        from draftsmith.jobqueue.queues import connect
 
         snap = snapshot(connect(s.redis.url), s.redis.prefix, self.paths.root)
         self.say(f"  generation: {snap.line()}")

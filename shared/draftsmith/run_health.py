@@ -62,7 +62,7 @@ def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
     from rq.registry import FailedJobRegistry, StartedJobRegistry
     from rq.serializers import JSONSerializer
 
-    from draftsmith.queues import fetch_job, get_queue
+    from draftsmith.jobqueue.queues import fetch_job, get_queue
 
     q = get_queue(client, prefix, "generate")
     want = str(Path(run_root).resolve())

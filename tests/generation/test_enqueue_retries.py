@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from draftsmith.config import load_settings
 from draftsmith.generation.enqueue import enqueue
-from draftsmith.queues import fetch_job, get_queue
+from draftsmith.jobqueue.queues import fetch_job, get_queue
 
 pytestmark = pytest.mark.e2e
 

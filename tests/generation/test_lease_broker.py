@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
-from draftsmith.generation.inflight import InflightCap, LeaseBroker
+from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
 
 
 class CountingCap(InflightCap):

@@ -24,7 +24,7 @@ from draftsmith.errors import ModelNotServed, TargetUnavailable
 from draftsmith.generation.enqueue import enqueue
 from draftsmith.generation.progress import snapshot
 from draftsmith.generation.store import done_ids, iter_records
-from draftsmith.queues import get_queue
+from draftsmith.jobqueue.queues import get_queue
 from draftsmith.target.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ import psutil
 import pytest
 import redis
 from draftsmith.generation.enqueue import enqueue, job_settings
-from draftsmith.generation.inflight import InflightCap
 from draftsmith.generation.store import iter_records
+from draftsmith.jobqueue.inflight import InflightCap
 from draftsmith.target.server import free_port
 from pool_helpers import (
     Stub,

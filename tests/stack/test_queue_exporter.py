@@ -12,8 +12,8 @@ import zlib
 
 import httpx
 import pytest
-from draftsmith.queue_exporter import collect
-from draftsmith.queues import connect, get_queue
+from draftsmith.jobqueue.exporter import collect
+from draftsmith.jobqueue.queues import connect, get_queue
 from draftsmith.target.server import free_port
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families

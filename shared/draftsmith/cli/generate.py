@@ -43,8 +43,8 @@ def worker(
                                      help="Address /metrics binds (0.0.0.0 in a container whose port is scraped)."),
 ) -> None:
     """Run the rq worker pool (generation and/or extraction jobs)."""
-    from draftsmith.generation.pool import run_pool
-    from draftsmith.queues import queue_name
+    from draftsmith.jobqueue.pool import run_pool
+    from draftsmith.jobqueue.queues import queue_name
 
     s = settings(generation={"concurrency": concurrency})
     stages = [q.strip() for q in queues.split(",") if q.strip()]

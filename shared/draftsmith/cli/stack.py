@@ -13,8 +13,8 @@ def queue_exporter(
     interval: float = typer.Option(5.0, "--interval", min=0.5, help="Seconds between reads of the rq queues."),
 ) -> None:
     """Export rq queue depth, running and failed jobs, and workers alive as Prometheus metrics."""
-    from draftsmith.queue_exporter import run_exporter
-    from draftsmith.queues import connect
+    from draftsmith.jobqueue.exporter import run_exporter
+    from draftsmith.jobqueue.queues import connect
 
     s = settings()
     run_exporter(connect(s.redis.url), s.redis.prefix, port if port is not None else s.metrics.port, interval)

@@ -32,7 +32,7 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     from rq.job import JobStatus
     from rq.serializers import JSONSerializer
 
-    from draftsmith.queues import connect, fetch_job, queue_name
+    from draftsmith.jobqueue.queues import connect, fetch_job, queue_name
 
     conn = connect(settings.redis.url)
     q = Queue(queue_name(settings.redis.prefix, "extract"), connection=conn, serializer=JSONSerializer)

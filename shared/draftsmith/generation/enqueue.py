@@ -25,8 +25,8 @@ from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
 from draftsmith.generation.store import done_ids, load_prompts, rebuild_manifest, sweep_records
+from draftsmith.jobqueue.queues import fetch_job
 from draftsmith.paths import RunPaths, atomic_write_text
-from draftsmith.queues import fetch_job
 
 JOB_FUNC = "draftsmith.generation.jobs.generate_job"
 RESULT_TTL_S = 3600  # a finished job's result is read by nobody: disk is the truth; keep it an hour for debugging
@@ -113,7 +113,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     Raises:
         SourceError, TargetUnavailable, ModelNotServed, DiskSpaceError, QueueError: see their messages.
     """
-    from draftsmith.queues import connect, get_queue
+    from draftsmith.jobqueue.queues import connect, get_queue
     from draftsmith.target.server import resolve_model
 
     paths = RunPaths(s.runs_dir, s.run)

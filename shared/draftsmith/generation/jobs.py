@@ -21,10 +21,10 @@ from draftsmith.artifacts.records import RECORD_SCHEMA
 from draftsmith.config import Settings, secret_value
 from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.client import ChatClient, ChatError
-from draftsmith.generation.inflight import InflightCap, LeaseBroker
 from draftsmith.generation.progress import ProgressBoard, ProgressTally
 from draftsmith.generation.runcache import done_index, prompt_index
 from draftsmith.generation.store import write_shard
+from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -277,6 +277,6 @@ def _redis(s: Settings):
     job = get_current_job()
     if job is not None:
         return job.connection
-    from draftsmith.queues import connect
+    from draftsmith.jobqueue.queues import connect
 
     return connect(s.redis.url)

@@ -139,10 +139,10 @@ def _hms(s: float | None) -> str:
 def snapshot(client: redis.Redis | None, prefix: str, run_root: Path) -> ProgressSnapshot:
     """Compute the progress line of a run from Redis, or from disk when Redis has nothing for it.
 
-    ``in_flight`` is the generate stage's live lease count (:class:`~draftsmith.generation.inflight.InflightCap`),
+    ``in_flight`` is the generate stage's live lease count (:class:`~draftsmith.jobqueue.inflight.InflightCap`),
     0 without Redis.
     """
-    from draftsmith.generation.inflight import InflightCap
+    from draftsmith.jobqueue.inflight import InflightCap
 
     run_root = Path(run_root)
     h: dict[str, str] = {}

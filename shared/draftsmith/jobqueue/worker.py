@@ -177,7 +177,7 @@ def check_job_disk(job) -> None:
 def release_dead_process(connection, job, pid: int) -> None:
     """Return the leases of dead process ``pid`` and mark it dead for the multiprocess metrics."""
     from draftsmith import metrics as M
-    from draftsmith.generation.inflight import InflightCap
+    from draftsmith.jobqueue.inflight import InflightCap
 
     prefix = ((job.kwargs or {}).get("settings") or {}).get("redis", {}).get("prefix") or "draftsmith"
     try:

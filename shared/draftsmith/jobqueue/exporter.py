@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import redis
 from rq import Queue, Worker
 
+from draftsmith.jobqueue.queues import STAGES, get_queue
 from draftsmith.log import get_logger
-from draftsmith.queues import STAGES, get_queue
 
 log = get_logger(__name__)
 
@@ -45,7 +45,7 @@ def collect(client: redis.Redis, prefix: str, stages: tuple[str, ...] = STAGES) 
     """Stats of every draftsmith queue and set the Prometheus gauges from them.
 
     Args:
-        client: a connected Redis client (:func:`draftsmith.queues.connect`).
+        client: a connected Redis client (:func:`draftsmith.jobqueue.queues.connect`).
         prefix: the queue prefix (config ``redis.prefix``); queues are named ``<prefix>:<stage>``.
         stages: the stages to report.
 

@@ -1,4 +1,4 @@
-"""The worker pool: rq's ``WorkerPool`` of :class:`~draftsmith.generation.worker.DraftsmithWorker` over draftsmith's
+"""The worker pool: rq's ``WorkerPool`` of :class:`~draftsmith.jobqueue.worker.DraftsmithWorker` over draftsmith's
 queues, plus ``/metrics``.
 
 Metrics across forks: the pool sets ``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is imported, so every
@@ -37,8 +37,8 @@ class QueueCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         from draftsmith import metrics as M
-        from draftsmith.queue_exporter import queue_stats
-        from draftsmith.queues import get_queue
+        from draftsmith.jobqueue.exporter import queue_stats
+        from draftsmith.jobqueue.queues import get_queue
 
         fams = {k: GaugeMetricFamily(g._name, g._documentation, labels=["queue"]) for k, g in (
             ("waiting", M.QUEUE_DEPTH), ("started", M.QUEUE_STARTED), ("failed", M.QUEUE_FAILED),
@@ -76,7 +76,7 @@ class DraftsmithPool(WorkerPool):
     def handle_dead_worker(self, worker_data) -> None:
         """rq's bookkeeping, plus: drop the dead worker's live metrics; stop the pool after a full disk."""
         from draftsmith import metrics as M
-        from draftsmith.generation.worker import DISK_FULL_EXIT
+        from draftsmith.jobqueue.worker import DISK_FULL_EXIT
 
         super().handle_dead_worker(worker_data)
         if M.multiprocess_enabled():
@@ -127,10 +127,10 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
 
     import draftsmith.generation.jobs  # noqa: F401  (loaded once here, inherited by every fork)
     from draftsmith.generation.client import warm_http
-    from draftsmith.generation.inflight import InflightCap
-    from draftsmith.generation.worker import DraftsmithWorker
+    from draftsmith.jobqueue.inflight import InflightCap
+    from draftsmith.jobqueue.queues import connect, get_queue
+    from draftsmith.jobqueue.worker import DraftsmithWorker
     from draftsmith.metrics import serve_metrics
-    from draftsmith.queues import connect, get_queue
 
     warm_http()  # TLS context and lazy imports done once here, inherited by every worker and work-horse
     client = connect(s.redis.url)
