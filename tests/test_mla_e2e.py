@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_mla_target_through_every_stage(tmp_path, redis_url):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
     env.update(DRAFTSMITH_REDIS__URL=redis_url, DRAFTSMITH_RUNS_DIR=str(tmp_path / "runs"),
+               DRAFTSMITH_PROMPTS_DIR=str(Path(__file__).resolve().parents[1] / "data" / "prompts"),
                PYTHONPATH=str(REPO / "shared"))
     if os.environ.get("DRAFTSMITH_TEST_CACHE"):
         env["DRAFTSMITH_TARGET__CACHE_DIR"] = os.environ["DRAFTSMITH_TEST_CACHE"]

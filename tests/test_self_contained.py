@@ -23,3 +23,13 @@ def test_cited_repository_docs_exist():
     assert cited, "no docs/ citation found: the scan is broken"
     missing = sorted(c for c in cited if not (PACKAGE.parents[1] / c).is_file())
     assert not missing, f"docstrings cite docs that do not exist: {missing}"
+
+
+def test_the_package_finds_no_data_by_counting_parent_folders():
+    """Run-time data is package data (eval sets, the DeepSeek template) or an explicit setting (``prompts_dir``);
+    a path built from ``__file__``'s parents breaks in any install that is not this checkout (issue 16)."""
+    import re
+
+    pat = re.compile(r"__file__\)\.resolve\(\)\.parents\[|\.parent\.parent")
+    offenders = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pat.search(p.read_text())]
+    assert offenders == [], offenders

@@ -322,6 +322,10 @@ class Settings(BaseSettings):
     runs_dir: Path = Field(Path("runs"), description="Folder that holds every run.")
     run: str = Field("default", description="Run name: everything lands under <runs_dir>/<run>/.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    prompts_dir: Path = Field(
+        Path("data/prompts"), description="Folder of the bundled prompt pools that `demo` enqueues and `target "
+        "make-tiny-mla` trains on; a relative path is read from the working directory (the checkout for `make`).",
+    )
     redis: RedisConfig = Field(default_factory=RedisConfig, description="Queue.")
     target: TargetConfig = Field(default_factory=TargetConfig, description="Target model and server.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Generation stage.")

@@ -31,7 +31,6 @@ from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths, atomic_write_text
 
 log = get_logger(__name__)
-REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 @dataclass(frozen=True)
@@ -171,6 +170,7 @@ class Demo:
     def write_config(self) -> None:
         # the Redis URL (it may hold a password) reaches the stage commands through their environment, not the file
         cfg = {"runs_dir": str(Path(self.s.runs_dir).resolve()), "run": self.s.run,
+               "prompts_dir": str(self.prompts_dir()),
                "redis": {"prefix": self.s.redis.prefix}, **self.size.config}
         cfg["target"] = {"cache_dir": str(self.s.target.cache_dir), **self.size.config.get("target", {})}
         if self.size.target != "embedded":
@@ -238,6 +238,22 @@ class Demo:
                 return f" | {snapshot_line(snap)}"
         return ""
 
+    def prompts_dir(self) -> Path:
+        """The bundled prompt pools (setting ``prompts_dir``, absolute).
+
+        Raises:
+            ConfigError: the folder lacks a pool this size enqueues.
+        """
+        from draftsmith.errors import ConfigError
+
+        d = Path(self.s.prompts_dir).resolve()
+        missing = [p for p in self.size.pools if not (d / p).is_file()]
+        if missing:
+            raise ConfigError(f"prompt pools {missing} are not in {d}",
+                              "run from the checkout's root (make demo), or set DRAFTSMITH_PROMPTS_DIR to its "
+                              "data/prompts")
+        return d
+
     # ---- stages
     def target_dir(self) -> Path:
         """The demo's target checkpoint folder (the embedded SmolLM2, or the tiny MLA target)."""
@@ -268,7 +284,7 @@ class Demo:
 
         s = load_settings(self.config_file, {"target": {"url": self.url}, "redis": {"url": self.s.redis.url}})
         for pool, n in self.size.pools.items():
-            enqueue(s, str(REPO_DATA / "prompts" / pool), n, s.generation.batch_size,
+            enqueue(s, str(self.prompts_dir() / pool), n, s.generation.batch_size,
                     say=lambda m: self.say(f"  {m}"))
         procs = ["--processes", str(self.size.workers)] if self.size.workers else []
         self.run_cmd("generate", ["worker", "--burst", *procs, "--metrics-port", "0"])

@@ -61,7 +61,7 @@ def mla_target_and_drafter(tmp_path_factory):
     from draftsmith.target.tiny_mla import make_tiny_mla
 
     root = tmp_path_factory.mktemp("mla")
-    target = make_tiny_mla(root / "cache", steps=0)
+    target = make_tiny_mla(root / "cache", Path(__file__).resolve().parents[2] / "data" / "prompts", steps=0)
     model = Eagle3Drafter(derive_config(target, 512))
     model.t2d[:512] = True
     return target, write_export(model, root / "drafter", "eagle3")

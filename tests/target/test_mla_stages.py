@@ -31,10 +31,10 @@ def test_mla_target_build_extract_train_export(tmp_path):
     from draftsmith.target.tiny_mla import TINY_MLA_NAME, gsm8k_examples, make_tiny_mla
     from transformers import AutoTokenizer
 
-    target = make_tiny_mla(tmp_path / "cache", steps=0)
+    target = make_tiny_mla(tmp_path / "cache", REPO / "data" / "prompts", steps=0)
     tok = AutoTokenizer.from_pretrained(target)
     records = []
-    for i, (q, r, a) in enumerate(gsm8k_examples(12, reasoning_steps=None)):
+    for i, (q, r, a) in enumerate(gsm8k_examples(REPO / "data" / "prompts", 12, reasoning_steps=None)):
         ids = tok(r + "</think>" + a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         records.append({
             "schema": "draftsmith.record/1", "id": f"p{i:03d}", "status": "ok", "error": None,

@@ -7,6 +7,7 @@ Built with ``steps=0`` (random weights) where only shapes matter; the trained ta
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from draftsmith.target.tiny_mla import (
@@ -19,11 +20,14 @@ from draftsmith.target.tiny_mla import (
     training_batches,
 )
 
+PROMPTS = Path(__file__).resolve().parents[2] / "data" / "prompts"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "templates" / "deepseek"
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    return cache, make_tiny_mla(cache, steps=0)
+    return cache, make_tiny_mla(cache, PROMPTS, steps=0)
 
 
 def test_checkpoint_is_a_deepseek_v3_mla_moe(tiny):
@@ -70,12 +74,12 @@ def test_training_examples_supervise_reasoning_and_answer(tiny):
 
     _, path = tiny
     tok = AutoTokenizer.from_pretrained(path)
-    ex = gsm8k_examples(4)
+    ex = gsm8k_examples(PROMPTS, 4)
     # the reasoning is the first step of the worked solution only, so a briefly trained target learns to close it
     assert ex[0] == ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
                      "How many clips did Natalia sell altogether in April and May?",
                      "Natalia sold 48/2 = 24 clips in May.", "The answer is 72.")
-    whole = gsm8k_examples(1, reasoning_steps=None)[0][1]
+    whole = gsm8k_examples(PROMPTS, 1, reasoning_steps=None)[0][1]
     assert whole == "Natalia sold 48/2 = 24 clips in May. Natalia sold 48+24 = 72 clips altogether in April and May."
     ids, masks = training_batches(tok, ex)
     assert len(ids) >= 1 and all(len(i) == len(m) for i, m in zip(ids, masks, strict=True))
@@ -86,6 +90,24 @@ def test_training_examples_supervise_reasoning_and_answer(tiny):
 def test_rebuilt_only_when_the_recipe_changes(tiny):
     cache, path = tiny
     stamp = (path / "model.safetensors").stat().st_mtime_ns
-    assert make_tiny_mla(cache, steps=0) == path
+    assert make_tiny_mla(cache, PROMPTS, steps=0) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
     assert is_current(path, steps=0) and not is_current(path, steps=80)
+
+
+def test_the_packaged_template_is_the_fixtures():
+    """The tiny target reads DeepSeek-V3.1's template from package data, never from tests/; it must stay the
+    fixture the template tests check."""
+    from importlib.resources import files
+
+    from draftsmith.target.tiny_mla import TEMPLATE
+
+    packaged = files("draftsmith.target").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    assert packaged == (FIXTURE / "chat_template.jinja").read_text(encoding="utf-8")
+
+
+def test_a_missing_prompt_folder_names_the_setting(tmp_path):
+    from draftsmith.errors import ModelError
+
+    with pytest.raises(ModelError, match="DRAFTSMITH_PROMPTS_DIR"):
+        gsm8k_examples(tmp_path, 4)

@@ -33,7 +33,7 @@ def make_tiny_mla_cmd(
     from draftsmith.target.tiny_mla import make_tiny_mla
 
     s = settings()
-    typer.echo(str(make_tiny_mla(s.target.cache_dir, steps=steps, force=force)))
+    typer.echo(str(make_tiny_mla(s.target.cache_dir, s.prompts_dir, steps=steps, force=force)))
 
 
 @target_app.command("serve")

@@ -41,9 +41,8 @@ log = get_logger(__name__)
 
 TINY_MLA_NAME = "tiny-mla-deepseek-v3"
 DONE_MARKER = "draftsmith-prepared.json"
-REPO = Path(__file__).resolve().parents[3]
-FIXTURE = REPO / "tests" / "fixtures" / "templates" / "deepseek"
-PROMPTS = REPO / "data" / "prompts"
+# DeepSeek-V3.1's chat template, package data (the same file as tests/fixtures/templates/deepseek/, checked by a test)
+TEMPLATE = "templates/deepseek_v3.jinja"
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 THINK_TOKENS = ("<think>", "</think>")
 SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", *THINK_TOKENS]
@@ -83,8 +82,8 @@ def is_current(path: Path, **recipe) -> bool:
     return marker.get("recipe_version") == RECIPE_VERSION and all(marker.get(k) == v for k, v in recipe.items())
 
 
-def gsm8k_examples(limit: int, reasoning_steps: int | None = 1) -> list[tuple[str, str, str]]:
-    """(question, reasoning, answer) triples of the first ``limit`` rows of ``data/prompts/gsm8k_train.jsonl``.
+def gsm8k_examples(prompts_dir: Path, limit: int, reasoning_steps: int | None = 1) -> list[tuple[str, str, str]]:
+    """(question, reasoning, answer) triples of the first ``limit`` rows of ``<prompts_dir>/gsm8k_train.jsonl``.
 
     The reasoning is the first ``reasoning_steps`` lines (one calculation step each) of the worked solution, joined
     by spaces, without their ``<<calc>>`` annotations (``None`` = the whole solution); the answer is
@@ -94,9 +93,10 @@ def gsm8k_examples(limit: int, reasoning_steps: int | None = 1) -> list[tuple[st
     Raises:
         ModelError: the bundled prompt file is missing.
     """
-    path = PROMPTS / "gsm8k_train.jsonl"
+    path = Path(prompts_dir) / "gsm8k_train.jsonl"
     if not path.is_file():
-        raise ModelError(f"{path} is missing", "run from a full checkout of the repository (data/ is part of it)")
+        raise ModelError(f"{path} is missing", "set prompts_dir (DRAFTSMITH_PROMPTS_DIR) to the checkout's "
+                         "data/prompts, or run from the checkout's root")
     out = []
     for line in path.read_text().splitlines()[:limit]:
         row = json.loads(line)
@@ -108,15 +108,17 @@ def gsm8k_examples(limit: int, reasoning_steps: int | None = 1) -> list[tuple[st
 
 def chat_template() -> str:
     """The DeepSeek fixture's chat template with thinking on by default (off only with ``thinking=false``)."""
-    src = (FIXTURE / "chat_template.jinja").read_text()
+    from importlib.resources import files
+
+    src = files("draftsmith.target").joinpath(TEMPLATE).read_text(encoding="utf-8")
     old = "{%- if thinking is defined and thinking %}{{- '<think>' }}{%- else %}{{- '</think>' }}{%- endif %}"
     new = "{%- if thinking is defined and not thinking %}{{- '</think>' }}{%- else %}{{- '<think>' }}{%- endif %}"
     if old not in src:
-        raise ModelError(f"{FIXTURE / 'chat_template.jinja'} changed", "update draftsmith.target.tiny_mla")
+        raise ModelError(f"draftsmith/target/{TEMPLATE} changed", "update draftsmith.target.tiny_mla")
     return src.replace(old, new)
 
 
-def build_tokenizer(out: Path):
+def build_tokenizer(out: Path, prompts_dir: Path):
     """Train the byte-level BPE and write ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``.
 
     The pre-tokenizer splits like Qwen2/Llama-3 (as the fixture tokenizers do); specials are the DeepSeek ones.
@@ -137,7 +139,11 @@ def build_tokenizer(out: Path):
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     corpus = []
-    for f in sorted(PROMPTS.glob("*.jsonl")):
+    pools = sorted(Path(prompts_dir).glob("*.jsonl"))
+    if not pools:
+        raise ModelError(f"no prompt pool (*.jsonl) in {prompts_dir}", "set prompts_dir (DRAFTSMITH_PROMPTS_DIR) "
+                         "to the checkout's data/prompts")
+    for f in pools:
         corpus += f.read_text().splitlines()
     tok.train_from_iterator(corpus, trainer)
     if tok.get_vocab_size() > VOCAB_SIZE:
@@ -244,7 +250,7 @@ def train(model, ids, masks, steps: int, batch_size: int = 8, lr: float = 2e-3, 
     return sum(tail) / len(tail)
 
 
-def make_tiny_mla(cache_dir: Path, steps: int = 200, examples: int = 32, force: bool = False,
+def make_tiny_mla(cache_dir: Path, prompts_dir: Path, steps: int = 200, examples: int = 32, force: bool = False,
                   seed: int = 0) -> Path:
     """Write the tiny DeepSeek-V3 checkpoint (idempotent: a current one is kept unless ``force``).
 
@@ -252,6 +258,8 @@ def make_tiny_mla(cache_dir: Path, steps: int = 200, examples: int = 32, force: 
 
     Args:
         cache_dir: cache root (``target.cache_dir``); the folder is :func:`tiny_mla_dir`.
+        prompts_dir: the bundled prompt pools (``prompts_dir``): the tokenizer is trained on all of them, the
+            weights on the first ``examples`` GSM8K rows.
         steps: training steps (0 = random weights, for tests of shapes only).
         examples: GSM8K train rows to train on (the first ones: the demo regenerates the first 32).
         force: rebuild even if a current checkpoint exists.
@@ -261,7 +269,7 @@ def make_tiny_mla(cache_dir: Path, steps: int = 200, examples: int = 32, force: 
         The checkpoint folder (config.json, model.safetensors, tokenizer files, chat_template.jinja).
 
     Raises:
-        ModelError: the bundled data or the fixture template is missing.
+        ModelError: the prompt pools are missing, or the packaged template changed.
     """
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -276,14 +284,14 @@ def make_tiny_mla(cache_dir: Path, steps: int = 200, examples: int = 32, force: 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        tok = build_tokenizer(tmp)
+        tok = build_tokenizer(tmp, prompts_dir)
         torch.manual_seed(seed)
         cfg = DeepseekV3Config(**TINY_MLA, bos_token_id=tok.convert_tokens_to_ids(BOS),
                                eos_token_id=tok.convert_tokens_to_ids(EOS), pad_token_id=tok.convert_tokens_to_ids(EOS))
         model = DeepseekV3ForCausalLM(cfg).float()
         loss = None
         if steps > 0:
-            ids, masks = training_batches(tok, gsm8k_examples(examples))
+            ids, masks = training_batches(tok, gsm8k_examples(prompts_dir, examples))
             loss = train(model, ids, masks, steps, seed=seed)
         model.config.architectures = ["DeepseekV3ForCausalLM"]
         model.save_pretrained(tmp)
