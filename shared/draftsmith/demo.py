@@ -105,7 +105,7 @@ SIZES: dict[str, DemoSize] = {
             "pools": {"gsm8k_train.jsonl": 560, "self_instruct_seed_tasks.jsonl": 175,
                       "user_oriented_instructions.jsonl": 252, "python_stdlib_functions.jsonl": 400,
                       "multi_turn_followups.jsonl": 330},
-            "config": {"train": {"epochs": 3}},
+            "config": {"train": {"epochs": 2}},
         },
     ),
     # the seed's target family: a tiny DeepSeek-V3 (MLA + MoE, thinking tokens) through every stage (docs/mla.md)

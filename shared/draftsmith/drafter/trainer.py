@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from draftsmith.allocator import keep_freed_memory
 from draftsmith.artifacts.features import MANIFEST_FILE as FEATURES_MANIFEST
 from draftsmith.drafter.checkpoint import (
     full_model_state,
@@ -36,7 +37,7 @@ from draftsmith.drafter.checkpoint import (
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, collate, make_batches
 from draftsmith.drafter.model import Eagle3Drafter
-from draftsmith.drafter.ttt import StepStats, target_view, ttt_loss
+from draftsmith.drafter.ttt import StepStats, draft_rows, target_view, ttt_loss
 from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
 from draftsmith.errors import DataError, Interrupted, TrainingError
 from draftsmith.log import get_logger
@@ -148,6 +149,7 @@ class Trainer:
     """
 
     def __init__(self, settings, features: FeatureSource | None = None) -> None:
+        keep_freed_memory()  # glibc: no mmap/munmap per step (draftsmith.allocator)
         from draftsmith.target.checkpoint import target_checkpoint
 
         self.s, self.tc = settings, settings.train
@@ -305,7 +307,9 @@ class Trainer:
         (it costs a ``[T, V]`` matmul, more than a TTT step of a small drafter)."""
         todo = [i for i, sid in enumerate(ids) if sid not in self._iv_cache]
         if todo:
-            view = target_view(b["final"][todo], self.lm_head, self.model.d2t, self.model.t2d)
+            with self._autocast():  # a top-1 over the whole vocabulary: bf16 where it is native
+                view = target_view(b["final"][todo], self.lm_head, self.model.d2t, self.model.t2d,
+                                   rows=self._draft_rows())
             for r, i in enumerate(todo):
                 self._iv_cache[ids[i]] = view.in_vocab[r, : int(b["lengths"][i])].cpu()
         out = torch.zeros(b["input_ids"].shape, dtype=torch.bool)
@@ -313,6 +317,12 @@ class Trainer:
             v = self._iv_cache[sid]
             out[i, : v.numel()] = v
         return out.to(self.dist.device)
+
+    def _draft_rows(self) -> torch.Tensor:
+        """``[N, H]`` the target head's rows of the draft vocabulary, gathered once (``d2t`` is fixed in a run)."""
+        if getattr(self, "_rows", None) is None:
+            self._rows = draft_rows(self.lm_head, self.model.d2t)
+        return self._rows
 
     @property
     def precision(self) -> str:
@@ -324,7 +334,8 @@ class Trainer:
         return torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def _forward(self, batch, module) -> tuple[torch.Tensor, StepStats]:
-        view = target_view(batch["final"], self.lm_head, self.model.d2t, self.model.t2d, in_vocab=batch["in_vocab"])
+        view = target_view(batch["final"], self.lm_head, self.model.d2t, self.model.t2d, in_vocab=batch["in_vocab"],
+                           rows=self._draft_rows())
         with self._autocast():
             return module(batch, view)
 

@@ -43,6 +43,7 @@ def target_view(
     t2d: torch.Tensor,
     chunk_rows: int = 512,
     in_vocab: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> TargetView:
     """Target distribution restricted to the draft vocabulary, never materialising ``[B, T, V]`` logits.
 
@@ -52,11 +53,17 @@ def target_view(
         d2t: ``[N]`` draft-to-target offsets; t2d: ``[V]`` bool.
         chunk_rows: rows per chunk for the full-vocabulary top-1 (``chunk_rows * V`` floats at a time).
         in_vocab: ``[B, T]`` precomputed full-vocabulary check (it is fixed per sample; the trainer caches it).
+        rows: ``[N, H]`` the ``lm_head`` rows of the draft vocabulary (:func:`draft_rows`), fixed for a training
+            run; gathered here when not given.
+
+    The full-vocabulary top-1 follows the caller's autocast (the trainer runs it in bf16 where bf16 is native:
+    a top-1, not a distribution); the draft-vocabulary distribution is always computed in float32.
     """
     B, T, H = final_hidden.shape
     f = final_hidden.to(lm_head.dtype)
-    rows = lm_head[torch.arange(d2t.numel(), device=d2t.device) + d2t]  # [N, H]
-    logits = f @ rows.T  # [B, T, N]
+    rows = draft_rows(lm_head, d2t) if rows is None else rows  # [N, H]
+    with torch.autocast(f.device.type, enabled=False):
+        logits = f @ rows.T  # [B, T, N], float32
     probs = torch.softmax(logits.float(), dim=-1)  # [B, T, N]
     if in_vocab is None:
         flat = f.reshape(B * T, H)
@@ -65,6 +72,11 @@ def target_view(
             top_full[s : s + chunk_rows] = (flat[s : s + chunk_rows] @ lm_head.T).argmax(-1)  # [c, V] -> [c]
         in_vocab = t2d[top_full].view(B, T)
     return TargetView(probs=probs, top=logits.argmax(-1), in_vocab=in_vocab)
+
+
+def draft_rows(lm_head: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """``[V, H]`` target head -> ``[N, H]`` its rows of the draft vocabulary (draft id i is target id ``i + d2t[i]``)."""
+    return lm_head[torch.arange(d2t.numel(), device=d2t.device) + d2t]
 
 
 def _shift(x: torch.Tensor, s: int) -> torch.Tensor:

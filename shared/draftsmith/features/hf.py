@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.allocator import keep_freed_memory
 from draftsmith.errors import ModelError
 from draftsmith.log import get_logger
 
@@ -87,6 +88,7 @@ class HFExtractor:
     """
 
     def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int], batch_tokens: int = 4096) -> None:
+        keep_freed_memory()  # glibc: no mmap/munmap per forward pass (draftsmith.allocator)
         self.model = model.eval()
         base = getattr(model, "model", None)
         if base is None or not hasattr(base, "layers"):
