@@ -86,8 +86,9 @@ SIZES: dict[str, DemoSize] = {
                      "concurrency": 4, "k": 3},
         },
     ),
-    # the best drafter the 45-minute budget allows on 2 CPU cores (sizing in docs/benchmarks.md): 1.51 in vLLM in
-    # 31 min on an AVX-512 Xeon; 863 prompts and 3 epochs measured 1.53 (noise) in 34 min there, ~44 min on AVX2
+    # the best drafter the 45-minute budget allows on 2 CPU cores (sizing in docs/benchmarks.md). float32 (no AMX):
+    # 1.51 in vLLM in 31 min on a Xeon in float32, ~40 min estimated on an AVX2 EPYC. bf16 on AMX (native_bf16):
+    # 1,717 prompts and 2 epochs, 1.61 in vLLM (held-out 2.05) in 44 min on the same Xeon
     "default": DemoSize(
         name="default",
         pools={"gsm8k_train.jsonl": 215, "self_instruct_seed_tasks.jsonl": 108, "user_oriented_instructions.jsonl": 108,
