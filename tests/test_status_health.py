@@ -107,7 +107,7 @@ def test_full_disk_is_stalled_not_running(tmp_path, redis_url):
 
 
 def test_every_stage_snapshot_has_one_shape_and_status_prints_its_line(tmp_path):
-    from draftsmith.status import read_snapshots, snapshot_line, snapshot_phase, write_snapshot
+    from draftsmith.artifacts.status import read_snapshots, snapshot_line, snapshot_phase, write_snapshot
 
     snap = write_snapshot(tmp_path, "train", "running", "step 3/10 loss 2.1", step=3)
     assert set(snap) == {"stage", "phase", "line", "updated_at", "step"} and isinstance(snap["updated_at"], float)

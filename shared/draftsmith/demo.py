@@ -231,7 +231,7 @@ class Demo:
                 return " | " + snapshot(connect(self.s.redis.url), self.s.redis.prefix, self.paths.root).line()
             except DraftsmithError:
                 return ""
-        from draftsmith.status import read_snapshots, snapshot_line
+        from draftsmith.artifacts.status import read_snapshots, snapshot_line
 
         name = {"build-data": "data"}.get(stage, stage)
         for snap in read_snapshots(self.paths.root):

@@ -93,7 +93,9 @@ class RunPaths:
     @property
     def status(self) -> Path:
         """``status/``: ``<stage>.json`` progress snapshots."""
-        return self.root / "status"
+        from draftsmith.artifacts.status import STATUS_DIR
+
+        return self.root / STATUS_DIR
 
     @property
     def logs(self) -> Path:

@@ -1,77 +1,22 @@
 """``draftsmith status``: one line per stage of a run, from the first second of the run.
 
 Generation reads the live Redis hash (or the record shards on disk when Redis lost it); every other stage writes
-one snapshot shape to ``runs/<run>/status/<stage>.json`` (:func:`stage_snapshot`: ``stage``, ``phase``, ``line``,
-``updated_at`` in epoch seconds, plus the stage's own figures), and ``status`` prints its ``line`` without knowing
-anything else about the stage.
+one snapshot shape to ``runs/<run>/status/<stage>.json`` (owned by :mod:`draftsmith.artifacts.status`: ``stage``,
+``phase``, ``line``, ``updated_at`` in epoch seconds, plus the stage's own figures), and ``status`` prints its
+``line`` without knowing anything else about the stage.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
 
+from draftsmith.artifacts.status import read_snapshots, snapshot_line, snapshot_phase
 from draftsmith.config import Settings
-from draftsmith.paths import RunPaths, atomic_write_text
-
-PHASES = ("running", "done", "failed", "skipped")
-
-
-def stage_snapshot(stage: str, phase: str, line: str, **numbers: object) -> dict:
-    """The one snapshot shape every stage writes to ``runs/<run>/status/<stage>.json``.
-
-    Args:
-        stage: the stage's name (``data``, ``extract``, ``train``, ...).
-        phase: one of :data:`PHASES`.
-        line: the human progress line ``status`` prints as is.
-        numbers: the stage's own figures, kept for tools, dashboards and tests (``status`` never reads them).
-
-    Returns:
-        ``{"stage", "phase", "line", "updated_at" (epoch seconds, float), **numbers}``.
-
-    Raises:
-        ValueError: an unknown phase.
-    """
-    if phase not in PHASES:
-        raise ValueError(f"unknown stage phase {phase!r} (one of {', '.join(PHASES)})")
-    return {"stage": stage, "phase": phase, "line": line, "updated_at": time.time(), **numbers}
-
-
-def write_snapshot(run_root: Path, stage: str, phase: str, line: str, **numbers: object) -> dict:
-    """Write a stage's status snapshot (:func:`stage_snapshot`, atomically) and return it."""
-    snap = stage_snapshot(stage, phase, line, **numbers)
-    atomic_write_text(Path(run_root) / "status" / f"{stage}.json", json.dumps(snap, indent=1, default=str))
-    return snap
-
-
-def read_snapshots(run_root: Path) -> list[dict]:
-    """Every stage snapshot of a run, least recently updated first (unreadable files are left out)."""
-    out = []
-    for p in sorted((Path(run_root) / "status").glob("*.json")):
-        try:
-            snap = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(snap, dict):
-            continue
-        snap.setdefault("stage", p.stem)
-        snap["updated_at"] = float(snap["updated_at"]) if isinstance(snap.get("updated_at"), (int, float)) else 0.0
-        out.append(snap)
-    return sorted(out, key=lambda d: d["updated_at"])
-
-
-def snapshot_phase(snap: dict) -> str:
-    """The snapshot's ``phase`` (``running`` for a snapshot written without one)."""
-    return str(snap.get("phase") or "running")
-
-
-def snapshot_line(snap: dict) -> str:
-    """The snapshot's human ``line``, as the stage wrote it."""
-    return str(snap.get("line") or "(no progress line yet)")
+from draftsmith.paths import RunPaths
 
 
 @dataclass

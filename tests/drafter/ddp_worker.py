@@ -34,7 +34,9 @@ def main() -> None:
     s = load_settings(None, {"runs_dir": runs_dir, "run": run, "target": {"path": target},
                              "train": {"draft_vocab_size": int(vocab), "ttt_steps": 2, "max_steps": int(max_steps),
                                        "batch_size": 2, "batch_tokens": 320, "eval_fraction": 0.15,
-                                       "save_every": 1, "eval_every": 1000, "lr": 1e-3, "parallel": parallel}})
+                                       "save_every": 1, "eval_every": 1000, "lr": 1e-3, "parallel": parallel,
+                                       # DDP and FSDP weights are compared to 1e-6: float32 on every CPU
+                                       "precision": "fp32"}})
     tr = Trainer(s)
     rank = int(os.environ["RANK"])
     if os.environ.get("POISON_RANK") == str(rank):  # this rank's first micro-batch gets NaN features

@@ -48,7 +48,7 @@ def test_extract_job_writes_formats_md_section_4(data_run, make_settings):
     assert st["samples_done"] == 5 and st["tokens_done"] == sum(sum(d["lengths"]) for d in data["shards"])
     assert st["bytes_written"] > st["tokens_done"] * 4608  # 4608 B/token in bf16 plus headers
     assert st["free_disk_bytes"] > 0 and st["tokens_per_s"] > 0 and st["samples_per_s"] > 0
-    # the one snapshot shape (draftsmith.status.stage_snapshot): status prints the line without knowing the stage
+    # the one snapshot shape (draftsmith.artifacts.status.stage_snapshot): status prints the line without knowing the stage
     assert (st["stage"], st["phase"]) == ("extract", "done") and isinstance(st["updated_at"], float)
     assert st["line"].startswith("shards 2/2, samples 5/5, tokens ")
     # the stored tensors are the model's: sample 1 of shard 0 recomputed on its own
@@ -57,7 +57,12 @@ def test_extract_job_writes_formats_md_section_4(data_run, make_settings):
     f = get_extractor(plan, s).extract([seq])[0]
     t = load_file(str(data_run / "features/features-00000.safetensors"))
     o = t["offsets"]
-    torch.testing.assert_close(t["aux_hidden"][o[1] : o[2]].float(), f.aux, rtol=1e-2, atol=2e-2)
+    stored, alone = t["aux_hidden"][o[1] : o[2]].float(), f.aux.float()
+    if plan.compute_dtype == "float32":
+        torch.testing.assert_close(stored, alone, rtol=1e-2, atol=2e-2)
+    else:  # bf16 (auto on a CPU with AMX): a batched and a lone forward round differently, row by row
+        rel = ((stored - alone).norm(dim=-1) / alone.norm(dim=-1)).max().item()
+        assert rel < 0.05, f"largest per-token relative error {rel:.4f}"
 
 
 class _Poison:

@@ -21,7 +21,7 @@ def test_vllm_equals_hf(data_run, make_settings):
     from draftsmith.features.hf import HFExtractor
     from draftsmith.features.vllm_backend import VLLMExtractor
 
-    s = make_settings(data_run, backend="vllm")
+    s = make_settings(data_run, backend="vllm", compute_dtype="float32")  # the HF reference below is float32
     plan = make_plan(s, data_run)
     seqs = read_data_shard(plan.data_dir, plan.shards[0])
     vx = VLLMExtractor.from_plan(plan, s)

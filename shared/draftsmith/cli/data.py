@@ -59,7 +59,7 @@ def build_data_cmd(
     )
     if vocab:
         typer.echo(f"draft vocabulary N={vocab['size']}: coverage {100 * vocab['coverage']:.2f}%  -> {paths.data}")
-    from draftsmith.status import write_snapshot
+    from draftsmith.artifacts.status import write_snapshot
 
     write_snapshot(paths.root, "data", "done",
                    f"samples {st['samples']}, tokens {st['tokens']}, supervised {st['supervised_tokens']}, dropped "

@@ -395,7 +395,7 @@ class Trainer:
                 metrics.TRAIN_ACC.labels(run, split, str(j)).set(acc_j)
             metrics.TRAIN_ACCEPT_LEN.labels(run, split).set(st.acceptance_length)
         if self.dist.main:
-            from draftsmith.status import write_snapshot
+            from draftsmith.artifacts.status import write_snapshot
 
             done = not line  # the closing report after the last step
             write_snapshot(

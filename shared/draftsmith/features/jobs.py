@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from draftsmith.artifacts.status import STATUS_DIR
 from draftsmith.features.hf import HFExtractor, torch_dtype
 from draftsmith.features.plan import ExtractPlan, make_plan, read_data_shard
 from draftsmith.features.store import (
@@ -72,7 +73,7 @@ def extract_shard(plan: ExtractPlan, index: int, extractor: Any, status_dir: Pat
     from draftsmith import metrics as M
 
     run = Path(plan.run_dir).name
-    status_dir = status_dir or Path(plan.run_dir) / "status"
+    status_dir = status_dir or Path(plan.run_dir) / STATUS_DIR
     done = read_sidecar(plan.features_dir, index)
     if done is not None:
         log.info("shard %05d already extracted (%d samples), skipping", index, len(done["sample_ids"]))

@@ -22,11 +22,11 @@ import torch
 from draftsmith.artifacts import features as artifact
 from draftsmith.artifacts.features import FEATURES_SCHEMA as MANIFEST_SCHEMA  # noqa: F401 (re-exported)
 from draftsmith.artifacts.features import SHARD_SCHEMA, shard_file, sidecar_file  # noqa: F401 (re-exported)
+from draftsmith.artifacts.status import snapshot_path, stage_snapshot
 from draftsmith.errors import DataError
 from draftsmith.features.plan import ExtractPlan, sha256_file
 from draftsmith.log import get_logger
 from draftsmith.paths import atomic_write_text
-from draftsmith.status import stage_snapshot
 
 log = get_logger(__name__)
 
@@ -179,7 +179,7 @@ def rebuild_manifest(plan: ExtractPlan) -> dict:
 
 
 def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None = None) -> dict:
-    """Write ``runs/<run>/status/extract.json`` (the one snapshot shape, :func:`draftsmith.status.stage_snapshot`):
+    """Write ``runs/<run>/status/extract.json`` (the one snapshot shape, :func:`draftsmith.artifacts.status.stage_snapshot`):
     progress, rates, bytes and free disk.
 
     Rates: ``tokens_per_s`` / ``samples_per_s`` count shards finished since ``started_at`` (the extract command's
@@ -187,7 +187,7 @@ def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None =
     summed compute seconds of all finished shards (one worker's speed).
     """
     status_dir = Path(status_dir)
-    f = status_dir / "extract.json"
+    f = snapshot_path(status_dir.parent, "extract")
     with locked(plan.features_dir):
         old = json.loads(f.read_text()) if f.is_file() else {}
         started = started_at or old.get("started_at") or time.time()
