@@ -30,6 +30,7 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
+    YamlConfigSettingsSource,
 )
 
 from draftsmith.artifacts.data import STATS_FILE
@@ -425,12 +426,11 @@ def load_settings(config_file: Path | str | None = None, overrides: dict[str, An
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist", "pass an existing YAML file to --config")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            data = dict(YamlConfigSettingsSource(Settings, yaml_file=path)())  # pydantic-settings' YAML source
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {e}".replace("\n", " ")) from e
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        data = loaded
+        except (ValueError, TypeError) as e:  # the source's dict() of a list or a scalar
+            raise ConfigError(f"config file {path} must hold a mapping at the top level") from e
     data = _deep_merge(data, _env_keys())
     data = _deep_merge(data, _drop_none(overrides or {}))
     try:
