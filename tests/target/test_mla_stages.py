@@ -50,7 +50,9 @@ def test_mla_target_build_extract_train_export(tmp_path):
     env.update(PYTHONPATH=str(REPO / "shared"), DRAFTSMITH_RUNS_DIR=str(runs), DRAFTSMITH_TARGET__PATH=str(target),
                DRAFTSMITH_DATA__DRAFT_VOCAB_SIZE="512", DRAFTSMITH_TRAIN__DRAFT_VOCAB_SIZE="512",
                DRAFTSMITH_METRICS__PORT="0", DRAFTSMITH_TRAIN__BATCH_SIZE="4", DRAFTSMITH_TRAIN__BATCH_TOKENS="1024",
-               DRAFTSMITH_DATA__REQUIRE_REASONING="true")
+               DRAFTSMITH_DATA__REQUIRE_REASONING="true",
+               # the float32 path this test pins (CPU_MLA on an AMX CPU); auto would pick bf16 there (draftsmith.precision)
+               DRAFTSMITH_EXTRACT__COMPUTE_DTYPE="float32")
 
     r = _cli(["build-data", "--run", "mla"], env)
     assert r.returncode == 0, r.stderr[-3000:]
