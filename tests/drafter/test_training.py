@@ -193,7 +193,9 @@ def test_streamed_features_plug_in(run_factory):
     from draftsmith.drafter.data import OfflineFeatures, StreamedFeatures
 
     s = run_factory("stream", ttt_steps=2, max_steps=1, eval_fraction=0.0)
-    s = s.model_copy(update={"train": s.train.model_copy(update={"features": "stream"})})
+    s = s.model_copy(update={"train": s.train.model_copy(update={"features": "stream"}),
+                             # the stored reference shards were computed in float32 (auto is bf16 on AMX CPUs)
+                             "extract": s.extract.model_copy(update={"compute_dtype": "float32"})})
     tr = Trainer(s)
     assert isinstance(tr.features, StreamedFeatures) and tr.features.layer_ids == [1, 14, 26]
     sid = tr.train_ids[0]
