@@ -40,8 +40,9 @@ class DemoSize:
     name: str
     pools: dict[str, int]
     config: dict[str, Any]
-    # generation worker processes; None = the pool's own rule, ceil(concurrency / batch_size) + 1, which keeps the
-    # in-flight cap full while a job finishes its slowest requests (a fixed 4 for 64 / 16 left it short)
+    # generation worker processes; None = the pool's own rule, ceil(concurrency / batch_size) + 1. The SmolLM2 sizes
+    # set one fewer: on 2 cores the extra process took CPU from the server and gave no throughput (4 vs 5 processes
+    # for 64 / 16: 456 and 470 vs 446 and 406 out tok/s, docs/benchmarks.md)
     workers: int | None = None
     target: str = "embedded"  # embedded (SmolLM2) | tiny-mla (draftsmith.target.tiny_mla, docs/mla.md)
     # where the CPU computes bf16 natively (draftsmith.precision: every stage ~1.7-3.6x faster), the same budget
@@ -85,6 +86,7 @@ SIZES: dict[str, DemoSize] = {
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 2, "max_tokens": 64,
                      "concurrency": 4, "k": 3},
         },
+        workers=3,
     ),
     # the best drafter the 45-minute budget allows on 2 CPU cores (sizing in docs/benchmarks.md). float32 (no AMX):
     # 1.51 in vLLM in 31 min on a Xeon in float32, ~40 min estimated on an AVX2 EPYC. bf16 on AMX (native_bf16):
@@ -102,6 +104,7 @@ SIZES: dict[str, DemoSize] = {
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 10, "max_tokens": 128,
                      "concurrency": 4, "k": 3},
         },
+        workers=4,
         native_bf16={
             "pools": {"gsm8k_train.jsonl": 560, "self_instruct_seed_tasks.jsonl": 175,
                       "user_oriented_instructions.jsonl": 252, "python_stdlib_functions.jsonl": 400,
@@ -127,6 +130,7 @@ SIZES: dict[str, DemoSize] = {
                       "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
             "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},
         },
+        workers=2,
         target="tiny-mla",
     ),
 }
