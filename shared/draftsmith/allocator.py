@@ -6,7 +6,8 @@ draft-vocabulary distribution ``[B, T, N]``, its shifted copies, the log-softmax
 faults in and unmaps them again: measured on the default demo's data on 2 cores, a fifth of the CPU time was
 spent in the kernel. :func:`keep_freed_memory` sets glibc's own knobs (``mallopt``: no ``mmap`` for large blocks,
 no trimming of the heap), which is what PyTorch's CPU performance guide reaches by preloading jemalloc or tcmalloc;
-training ran 1.23x (steady state) to 1.30x (first epoch) faster (docs/benchmarks.md, "The allocator"). The price: the
+training ran 1.23x (steady state) to 1.30x (first epoch) faster and bf16 extraction 1.26x, float32 extraction
+unchanged (docs/benchmarks.md, "bf16 where the CPU has AMX"). The price: the
 process keeps its peak heap until it exits, which a training or extraction process does anyway.
 """
 
