@@ -21,15 +21,24 @@ LAYOUTS = (EAGLE3, SPECULATORS)
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
+def check_layout(layout: str) -> str:
+    """``layout`` itself when it is one of :data:`LAYOUTS`.
+
+    Raises:
+        ValueError: any other name.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown export layout {layout!r}; expected one of {LAYOUTS}")
+    return layout
+
+
 def layout_dir(export_root: Path, layout: str) -> Path:
     """``export/<layout>/``.
 
     Raises:
         ValueError: ``layout`` is not one of :data:`LAYOUTS`.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown export layout {layout!r}; expected one of {LAYOUTS}")
-    return Path(export_root) / layout
+    return Path(export_root) / check_layout(layout)
 
 
 def config_path(folder: Path) -> Path:

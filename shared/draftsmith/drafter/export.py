@@ -26,8 +26,8 @@ import torch
 from draftsmith.artifacts.export import (
     EAGLE3,
     EAGLE3_ARCHITECTURE,
-    LAYOUTS,
     SPECULATORS,
+    check_layout,
     config_path,
     layout_dir,
     weights_path,
@@ -130,8 +130,7 @@ def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3,
     from safetensors.torch import save_file
 
     cfg: DraftConfig = model.cfg
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown export layout {layout!r}; expected one of {LAYOUTS}")
+    check_layout(layout)
     config = eagle3_config(cfg) if layout == EAGLE3 else speculators_config(cfg, speculative_tokens, verifier)
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
