@@ -46,8 +46,7 @@ class DemoSize:
     workers: int | None = None
     target: str = "embedded"  # embedded (SmolLM2) | tiny-mla (draftsmith.target.tiny_mla, docs/mla.md)
     # where the CPU computes bf16 natively (draftsmith.precision: each stage 1.6-4.0x faster, bench/precision.py),
-    # the same budget
-    # buys more data: these pools and per-section config keys replace the ones above
+    # the same budget buys more data: these pools and per-section config keys replace the ones above
     native_bf16: dict[str, Any] | None = None
 
     def for_this_machine(self) -> DemoSize:
