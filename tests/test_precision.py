@@ -80,7 +80,8 @@ def test_the_default_demo_buys_more_data_where_bf16_is_native(amx):
     fast = size.for_this_machine()
     assert sum(fast.pools.values()) > 2 * sum(size.pools.values())
     assert fast.config["train"]["epochs"] == 2 and fast.config["train"]["lr"] == size.config["train"]["lr"]
-    assert size.config["train"]["epochs"] == 4  # the original is not modified
+    assert fast.config["generation"]["max_tokens"] == 320 and fast.config["generation"]["batch_size"] == 16
+    assert size.config["generation"]["max_tokens"] == 256  # the original is not modified
     for name in ("small", "mla"):
         assert SIZES[name].for_this_machine() is SIZES[name]
     mla = SIZES["mla"].config

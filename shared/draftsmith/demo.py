@@ -89,17 +89,18 @@ SIZES: dict[str, DemoSize] = {
         workers=3,
     ),
     # the best drafter the 45-minute budget allows on 2 CPU cores (sizing in docs/benchmarks.md). float32 (no AMX):
-    # 1.51 in vLLM in 31 min on a Xeon in float32, ~40 min estimated on an AVX2 EPYC. bf16 on AMX (native_bf16):
-    # 1,717 prompts and 2 epochs, 1.61 in vLLM (held-out 2.05) in 44 min on the same Xeon
+    # 647 prompts, answers up to 256 tokens, 2 epochs: 1.42 in vLLM in 38 min on an AVX2 EPYC (4 epochs and 320
+    # tokens reached 1.51 but take ~55 min there). bf16 on AMX (native_bf16): 1,717 prompts, 320 tokens, 2 epochs,
+    # 1.61 in vLLM (held-out 2.05) in 44 min on a Xeon
     "default": DemoSize(
         name="default",
         pools={"gsm8k_train.jsonl": 215, "self_instruct_seed_tasks.jsonl": 108, "user_oriented_instructions.jsonl": 108,
                "python_stdlib_functions.jsonl": 135, "multi_turn_followups.jsonl": 81},
         config={
             "target": {"enforce_eager": False, "max_model_len": 4096, "kv_cache_gib": 4},
-            "generation": {"max_tokens": 320, "batch_size": 16, "concurrency": 64},
+            "generation": {"max_tokens": 256, "batch_size": 16, "concurrency": 64},
             "data": {"max_length": 1024, "draft_vocab_size": 8192, "shard_samples": 128},
-            "train": {**RECIPE, "draft_vocab_size": 8192, "epochs": 4, "lr": 1e-3, "batch_tokens": 4096,
+            "train": {**RECIPE, "draft_vocab_size": 8192, "epochs": 2, "lr": 1e-3, "batch_tokens": 4096,
                       "eval_every": 200, "log_every": 20, "save_every": 400, "warmup_ratio": 0.03},
             "eval": {"sets": ["mt_bench", "gsm8k", "humaneval", "alpaca"], "limit": 10, "max_tokens": 128,
                      "concurrency": 4, "k": 3},
@@ -109,7 +110,7 @@ SIZES: dict[str, DemoSize] = {
             "pools": {"gsm8k_train.jsonl": 560, "self_instruct_seed_tasks.jsonl": 175,
                       "user_oriented_instructions.jsonl": 252, "python_stdlib_functions.jsonl": 400,
                       "multi_turn_followups.jsonl": 330},
-            "config": {"train": {"epochs": 2}},
+            "config": {"generation": {"max_tokens": 320}, "train": {"epochs": 2}},
         },
     ),
     # the seed's target family: a tiny DeepSeek-V3 (MLA + MoE, thinking tokens) through every stage (docs/mla.md)

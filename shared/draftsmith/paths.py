@@ -5,6 +5,7 @@
     runs/<run>/
       config.yaml        resolved config of the last command that wrote to the run
       prompts.jsonl      unique prompts extracted by ``enqueue`` (id, messages, source row)
+      self_prompts.jsonl user requests written by the target itself (``self-prompts``, Magpie)
       records/           generation shards: <job>.jsonl + <job>.meta.json, manifest.json
       data/              training samples (safetensors) + manifest.json + stats.json + vocab/
       features/          hidden-state shards (safetensors) + manifest.json
@@ -59,6 +60,11 @@ class RunPaths:
     def prompts(self) -> Path:
         """``prompts.jsonl``: the unique prompts of ``enqueue``."""
         return self.root / "prompts.jsonl"
+
+    @property
+    def self_prompts(self) -> Path:
+        """``self_prompts.jsonl``: user requests the target wrote itself (:mod:`draftsmith.generation.selfprompts`)."""
+        return self.root / "self_prompts.jsonl"
 
     @property
     def records(self) -> Path:

@@ -30,6 +30,38 @@ def enqueue(
                say=lambda m: typer.echo(m, err=False))
 
 
+@app.command("self-prompts")
+def self_prompts(
+    n: int = typer.Option(..., "--n", "-n", min=1, help="User requests wanted in the pool (rows already there count)."),
+    run: str = typer.Option(None, "--run", help="Run name (the pool is runs/<run>/self_prompts.jsonl)."),
+    out: str = typer.Option(None, "--out", help="Write the pool here instead."),
+    url: str = setting_option("target.url", "--url"),
+    model: str = setting_option("target.model", "--model"),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (request i uses a seed derived from it)."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature of the requests."),
+    top_p: float = typer.Option(0.9, "--top-p", min=0.01, max=1.0, help="Nucleus of the requests."),
+) -> None:
+    """Have the target write user requests itself (Magpie), as a prompt pool to enqueue (--source that file)."""
+    from pathlib import Path
+
+    from draftsmith.cli.data import _tokenizer_path
+    from draftsmith.config import secret_value
+    from draftsmith.data.render import load_tokenizer
+    from draftsmith.generation.selfprompts import synthesize, user_turn_prefix
+    from draftsmith.paths import RunPaths
+    from draftsmith.target.server import resolve_model
+
+    s = settings(run=run, target={"url": url, "model": model})
+    path = Path(out) if out else RunPaths(s.runs_dir, s.run).self_prompts
+    key = secret_value(s.target.api_key)
+    served = resolve_model(s.target.url, s.target.model, key)
+    prefix = user_turn_prefix(load_tokenizer(_tokenizer_path(s), s.data.chat_template))
+    rep = synthesize(s.target.url, served, prefix, n, path, seed=seed, temperature=temperature, top_p=top_p,
+                     api_key=key, say=typer.echo)
+    typer.echo(rep.line())
+    typer.echo(f"enqueue them with: draftsmith enqueue --source {path}")
+
+
 @app.command()
 def worker(
     queues: str = typer.Option("generate", "--queues", "-q", help="Comma-separated stages: generate, extract."),
