@@ -18,7 +18,9 @@ Variants file (YAML)::
       train: {norm_before_residual: true}
 
 Usage: ``python bench/recipe.py --run demo --variants bench/recipes/ablation.yaml --epochs 2 --eval-limit 5``
-(``--only a,b`` runs some variants; finished variants are kept and skipped unless ``--redo``).
+(``--only a,b`` runs some variants; finished variants are kept and skipped unless ``--redo``;
+``--baseline-from-run`` takes the first row from the run's own training and eval when the run's recipe is the
+baseline).
 """
 
 from __future__ import annotations
@@ -89,13 +91,42 @@ def run_variant(base_cfg: dict[str, Any], runs_dir: Path, run: str, v: dict[str,
     _draftsmith(["export", "--run", vrun, "--format", "eagle3"], cfg_file, log)
     if not a.no_vllm:
         _draftsmith(["eval", "--run", vrun, "--engine", "vllm", "--no-baseline"], cfg_file, log)
-        rep = read_report(root / "eval")
-        eng = rep["results"][0]
-        out["vllm"] = {"overall": eng["overall"]["mean_acceptance_length"],
-                       "sets": {k: m["mean_acceptance_length"] for k, m in eng["sets"].items()},
-                       "per_position": eng["overall"].get("per_position")}
+        out["vllm"] = vllm_figures(root / "eval")
     (root / "recipe-result.json").write_text(json.dumps(out, indent=1))
     return out
+
+
+def vllm_figures(eval_dir: Path) -> dict[str, Any] | None:
+    """Overall and per-set mean acceptance length of the first engine in ``eval_dir``'s report (None: no report)."""
+    rep = read_report(eval_dir)
+    if rep is None:
+        return None
+    eng = rep["results"][0]
+    return {"overall": eng["overall"]["mean_acceptance_length"],
+            "sets": {k: m["mean_acceptance_length"] for k, m in eng["sets"].items()},
+            "per_position": eng["overall"].get("per_position")}
+
+
+def result_of_run(runs_dir: Path, run: str, name: str) -> dict[str, Any]:
+    """A baseline row read from the run itself: its own training (``status/train.json``, the train stage's seconds
+    from ``demo.json``) and its own eval report. Used when the run's recipe is the baseline, so that the same
+    training is not repeated; the eval must have read the same sets, limit and token budget as the variants.
+
+    Raises:
+        SystemExit: the run has not finished training or evaluation.
+    """
+    root = runs_dir / run
+    snap_file = root / "status" / "train.json"
+    vl = vllm_figures(root / "eval")
+    if not snap_file.is_file() or vl is None:
+        raise SystemExit(f"run {run} has no finished training and eval to take the baseline from; drop "
+                         "--baseline-from-run or finish the run (make demo)")
+    snap = json.loads(snap_file.read_text())
+    demo = root / "demo.json"
+    stages = json.loads(demo.read_text()).get("stages", {}) if demo.is_file() else {}
+    return {"name": name, "train": {}, "train_s": stages.get("train", {}).get("seconds", float("nan")),
+            "steps": snap.get("step"), "heldout": snap.get("heldout"), "train_split": snap.get("train"),
+            "vllm": vl, "from_run": run}
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -133,6 +164,9 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="Comma-separated variant names to run now (others: kept results).")
     ap.add_argument("--redo", action="store_true", help="Run finished variants again.")
     ap.add_argument("--no-vllm", action="store_true", help="Skip the vLLM measurement (offline figures only).")
+    ap.add_argument("--baseline-from-run", action="store_true", help="The first variant is the run's own recipe: "
+                    "take its row from the run's training and eval (same seed, data and budget) instead of training "
+                    "it again.")
     a = ap.parse_args()
     runs_dir = Path(a.runs_dir)
     base_file = Path(a.base_config) if a.base_config else runs_dir / a.run / "demo-config.yaml"
@@ -142,6 +176,12 @@ def main() -> None:
     results = []
     for v in variants:
         done = runs_dir / f"{a.run}--{v['name']}" / "recipe-result.json"
+        if a.baseline_from_run and v is variants[0]:
+            r = result_of_run(runs_dir, a.run, v["name"])
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps(r, indent=1))
+            results.append(r)
+            continue
         if done.is_file() and not a.redo and (only is None or v["name"] not in only):
             results.append(json.loads(done.read_text()))
             continue

@@ -23,6 +23,7 @@ from pydantic import (
     ValidationError,
     field_serializer,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -233,6 +234,11 @@ class TrainConfig(Section):
     lm_head_init: Literal["target", "random"] = Field(
         "target", description="Init lm_head from the target's rows of the draft vocabulary, or randomly."
     )
+    freeze_lm_head: bool = Field(
+        False, description="Keep lm_head fixed at its init (the target's rows; needs lm_head_init=target): the "
+        "drafter learns to produce states the target's own head reads, as in EAGLE-1, and skips the head's "
+        "weight gradient.",
+    )
     init_from: str | None = Field(None, description="Pretrained drafter folder to fine-tune (EAGLE or speculators).")
     remap_vocab: bool = Field(False, description="Remap a pretrained drafter's lm_head rows to the data's vocab.")
     lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
@@ -266,6 +272,14 @@ class TrainConfig(Section):
         "ddp", description="Data parallelism under torchrun: ddp replicates the drafter; fsdp shards weights, "
         "gradients and optimizer state (FSDP2) for drafters too big to replicate.",
     )
+
+
+    @model_validator(mode="after")
+    def _frozen_head_needs_target_rows(self) -> TrainConfig:
+        if self.freeze_lm_head and self.lm_head_init != "target":
+            raise ValueError("train.freeze_lm_head needs train.lm_head_init=target (a frozen random head "
+                             "cannot learn); set lm_head_init: target or drop freeze_lm_head")
+        return self
 
 
 class ExportConfig(Section):

@@ -131,3 +131,36 @@ def test_fc_norm_is_exported_and_read_by_vllm(run_factory, embedded_target):
         assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(w)
         m = load_export_model(out / layout, embedded_target)  # strict loading round trip
         assert m.fc_norm is not None
+
+
+def test_freeze_lm_head_needs_the_target_rows():
+    from draftsmith.config import load_settings
+    from draftsmith.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="freeze_lm_head needs train.lm_head_init=target"):
+        load_settings(None, {"train": {"freeze_lm_head": True, "lm_head_init": "random"}})
+    assert load_settings(None, {"train": {"freeze_lm_head": True}}).train.freeze_lm_head is True
+
+
+@pytest.mark.slow
+def test_freeze_lm_head_keeps_the_target_rows_and_trains_the_rest(run_factory):
+    """With freeze_lm_head the head stays the target's draft rows through training (and in the stored weights,
+    which export reads) while the decoder layer moves; without it the head moves too."""
+    from draftsmith.drafter.checkpoint import list_checkpoints
+    from draftsmith.drafter.trainer import Trainer
+    from safetensors.torch import load_file
+
+    for freeze in (True, False):
+        name = f"frozen{int(freeze)}"
+        tr = Trainer(run_factory(name, freeze_lm_head=freeze, max_steps=3, ttt_steps=2))
+        head0 = tr.model.lm_head.weight.detach().clone()
+        rows = tr.lm_head[torch.arange(tr.model.d2t.numel()) + tr.model.d2t]
+        torch.testing.assert_close(head0, rows)  # init: the target's rows of the draft vocabulary
+        mlp0 = tr.model.layers[0].mlp.down_proj.weight.detach().clone()
+        assert any(p is tr.model.lm_head.weight for p in tr.model.trainable_parameters()) is not freeze
+        tr.run()
+        assert not torch.equal(tr.model.layers[0].mlp.down_proj.weight, mlp0)
+        assert torch.equal(tr.model.lm_head.weight.detach(), head0) is freeze
+        ckpt = list_checkpoints(tr.paths.checkpoints)[-1]
+        stored = load_file(str(ckpt / "model.safetensors"))["lm_head.weight"]
+        assert torch.equal(stored, head0) is freeze

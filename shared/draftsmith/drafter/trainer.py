@@ -178,6 +178,8 @@ class Trainer:
             from draftsmith.drafter.load import load_pretrained
 
             load_pretrained(self.model, self.tc.init_from, remap=self.tc.remap_vocab)
+        if self.tc.freeze_lm_head:  # EAGLE-1's choice: the target's own head reads the drafter's state
+            self.model.lm_head.weight.requires_grad_(False)
         self._resume_at = (0, 0, 0)  # step, epoch, micro-batch position
         ckpt = latest_checkpoint(self.paths.checkpoints) if self.tc.resume else None
         if ckpt is not None:
