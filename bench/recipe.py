@@ -85,15 +85,20 @@ def run_variant(base_cfg: dict[str, Any], runs_dir: Path, run: str, v: dict[str,
     t0 = time.time()
     _draftsmith(["train", "--run", vrun, "--no-resume"], cfg_file, log)
     train_s = time.time() - t0
-    snap = json.loads((root / "status" / "train.json").read_text())
     out: dict[str, Any] = {"name": name, "train": v.get("train", {}), "train_s": round(train_s, 1),
-                           "steps": snap.get("step"), "heldout": snap.get("heldout"), "train_split": snap.get("train")}
+                           **training_figures(root / "status" / "train.json")}
     _draftsmith(["export", "--run", vrun, "--format", "eagle3"], cfg_file, log)
     if not a.no_vllm:
         _draftsmith(["eval", "--run", vrun, "--engine", "vllm", "--no-baseline"], cfg_file, log)
         out["vllm"] = vllm_figures(root / "eval")
     (root / "recipe-result.json").write_text(json.dumps(out, indent=1))
     return out
+
+
+def training_figures(snap_file: Path) -> dict[str, Any]:
+    """Optimizer steps and the final train / held-out figures of a finished training (its ``status/train.json``)."""
+    snap = json.loads(snap_file.read_text())
+    return {"steps": snap.get("step"), "heldout": snap.get("heldout"), "train_split": snap.get("train")}
 
 
 def vllm_figures(eval_dir: Path) -> dict[str, Any] | None:
@@ -121,12 +126,10 @@ def result_of_run(runs_dir: Path, run: str, name: str) -> dict[str, Any]:
     if not snap_file.is_file() or vl is None:
         raise SystemExit(f"run {run} has no finished training and eval to take the baseline from; drop "
                          "--baseline-from-run or finish the run (make demo)")
-    snap = json.loads(snap_file.read_text())
     demo = root / "demo.json"
     stages = json.loads(demo.read_text()).get("stages", {}) if demo.is_file() else {}
     return {"name": name, "train": {}, "train_s": stages.get("train", {}).get("seconds", float("nan")),
-            "steps": snap.get("step"), "heldout": snap.get("heldout"), "train_split": snap.get("train"),
-            "vllm": vl, "from_run": run}
+            **training_figures(snap_file), "vllm": vl, "from_run": run}
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -235,9 +235,9 @@ class TrainConfig(Section):
         "target", description="Init lm_head from the target's rows of the draft vocabulary, or randomly."
     )
     freeze_lm_head: bool = Field(
-        False, description="Keep lm_head fixed at its init (the target's rows; needs lm_head_init=target): the "
-        "drafter learns to produce states the target's own head reads, as in EAGLE-1, and skips the head's "
-        "weight gradient.",
+        False, description="Keep lm_head fixed at its init (the target's rows, or init_from's head; needs "
+        "lm_head_init=target): the drafter learns to produce states that head reads, as in EAGLE-1, and skips the "
+        "head's weight gradient.",
     )
     init_from: str | None = Field(None, description="Pretrained drafter folder to fine-tune (EAGLE or speculators).")
     remap_vocab: bool = Field(False, description="Remap a pretrained drafter's lm_head rows to the data's vocab.")
@@ -272,7 +272,6 @@ class TrainConfig(Section):
         "ddp", description="Data parallelism under torchrun: ddp replicates the drafter; fsdp shards weights, "
         "gradients and optimizer state (FSDP2) for drafters too big to replicate.",
     )
-
 
     @model_validator(mode="after")
     def _frozen_head_needs_target_rows(self) -> TrainConfig:
