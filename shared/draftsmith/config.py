@@ -316,7 +316,10 @@ class EvalConfig(Section):
 class MetricsConfig(Section):
     """Prometheus metrics of draftsmith's own processes."""
 
-    port: int = Field(9400, ge=0, le=65535, description="Port of a worker pool's /metrics (0 = no server).")
+    port: int = Field(9400, ge=0, le=65535, description="Port of /metrics of a worker pool, the queue exporter "
+                      "and training (0 = no server).")
+    addr: str = Field("127.0.0.1", description="Address /metrics binds: this host only by default; 0.0.0.0 inside a "
+                      "container that Prometheus scrapes (compose sets it; it publishes no metrics port).")
     multiproc_dir: Path | None = Field(
         None, description="PROMETHEUS_MULTIPROC_DIR for forked rq work-horses; None = a temporary folder that the "
         "worker pool removes when it stops."

@@ -146,12 +146,16 @@ def _guard_value_lock_across_forks() -> None:
     os.register_at_fork(before=before, after_in_parent=after, after_in_child=after)
 
 
-def serve_metrics(port: int, addr: str = "0.0.0.0", extra: list | None = None) -> None:
+def serve_metrics(port: int, addr: str = "127.0.0.1", extra: list | None = None) -> None:
     """Serve ``/metrics`` on ``addr:port`` in a background thread; aggregates forked processes when enabled.
 
-    The worker pool passes ``127.0.0.1`` unless told otherwise (``draftsmith worker --metrics-addr``).
-    ``extra`` collectors are added to what is served (read at scrape time, so the serving process writes nothing).
-    A dead process's live gauges (``livesum``/``liveall``, e.g. requests in flight) are dropped at each scrape.
+    ``addr`` is the setting ``metrics.addr``: this host only unless told otherwise (compose sets 0.0.0.0 inside its
+    containers). ``extra`` collectors are added to what is served (read at scrape time, so the serving process
+    writes nothing). A dead process's live gauges (``livesum``/``liveall``, e.g. requests in flight) are dropped
+    at each scrape.
+
+    Raises:
+        DraftsmithError: the port is taken (the message names it and the setting that moves it).
     """
     if port <= 0:
         return
@@ -160,7 +164,15 @@ def serve_metrics(port: int, addr: str = "0.0.0.0", extra: list | None = None) -
         LiveAwareCollector(registry)
     for c in extra or []:
         registry.register(c)
-    start_http_server(port, addr=addr, registry=registry)
+    try:
+        start_http_server(port, addr=addr, registry=registry)
+    except OSError as e:
+        from draftsmith.errors import DraftsmithError
+
+        raise DraftsmithError(f"cannot serve /metrics on {addr}:{port}: {e.strerror or e}",
+                              "another process holds the port (another draftsmith train or worker?): set "
+                              "metrics.port (--metrics-port, DRAFTSMITH_METRICS__PORT) to a free port, or 0 for "
+                              "no /metrics") from e
 
 
 def pid_alive(pid: int) -> bool:

@@ -58,7 +58,7 @@ def main() -> None:
         json.dump({"world": tr.dist.world, "sharded": tr.sharded, "step": result["step"],
                    "nan_feature_samples": tr.nan_features,
                    "start_step": tr._resume_at[0], **digests}, f)
-    torch.distributed.destroy_process_group()
+    tr.close()
 
 
 if __name__ == "__main__":

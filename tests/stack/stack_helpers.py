@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -12,6 +13,14 @@ FIXTURES = REPO / "tests" / "fixtures" / "metrics"
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset",
              "bool", "inf", "nan"}
+
+
+def record_phase(name: str, seconds: float) -> None:
+    """Add a setup phase of a test to CI's phase table (the file ``DRAFTSMITH_TEST_PHASES`` names; .ci/run)."""
+    path = os.environ.get("DRAFTSMITH_TEST_PHASES")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"  {name:<26} {seconds:6.0f} s\n")
 
 
 def promql_metric_names(expr: str) -> set[str]:

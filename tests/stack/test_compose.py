@@ -218,12 +218,12 @@ def test_generator_command_and_env_are_the_config(services, monkeypatch):
     from draftsmith.config import MetricsConfig, load_settings
 
     gen = services["generator"]
-    # processes x batch size (2 x 64, plus one) reaches the concurrency; /metrics listens beyond loopback for Prometheus
+    # processes x batch size (2 x 64, plus one) reaches the concurrency
     assert gen["command"] == ["draftsmith", "worker", "--queues", "generate", "--processes",
-                              "${GENERATOR_PROCESSES:-3}", "--concurrency", "${GENERATOR_CONCURRENCY:-128}",
-                              "--metrics-addr", "0.0.0.0"]
+                              "${GENERATOR_PROCESSES:-3}", "--concurrency", "${GENERATOR_CONCURRENCY:-128}"]
     assert "replicas" not in gen.get("deploy", {}) and "container_name" not in gen  # scalable with --scale
-    assert MetricsConfig().port == 9400
+    # /metrics binds loopback by default; inside the containers it listens beyond it for Prometheus
+    assert (MetricsConfig().port, MetricsConfig().addr) == (9400, "127.0.0.1")
     env = gen["environment"]
     assert env["DRAFTSMITH_TARGET__URL"] == "http://target:8000" and env["DRAFTSMITH_METRICS__PORT"] == "9400"
     # every DRAFTSMITH_* variable a service gets is a real config key with a valid value
@@ -236,6 +236,7 @@ def test_generator_command_and_env_are_the_config(services, monkeypatch):
             s = load_settings()
             assert s.redis.url == f"redis://:{GOOD_SECRETS['REDIS_PASSWORD']}@redis:6379/0"
             assert str(s.runs_dir) == "/runs" and s.metrics.port == 9400 and s.target.url == "http://target:8000"
+            assert s.metrics.addr == "0.0.0.0", name
             if name == "evaluator":
                 assert s.eval.pushgateway_url == "http://pushgateway:9091"
 

@@ -31,7 +31,7 @@ import pytest
 import redis as redis_lib
 from draftsmith.generation.store import iter_records
 from draftsmith.target.server import free_port
-from stack_helpers import REPO, concrete, dashboard_queries, promql_metric_names
+from stack_helpers import REPO, concrete, dashboard_queries, promql_metric_names, record_phase
 
 pytestmark = [pytest.mark.slow]
 PROJECT = "dsstack"
@@ -101,7 +101,9 @@ def stack(tmp_path_factory):
         os.chown(tmp / d, UID, UID)
     ticker = Path("/run/draftsmith-podman/health-ticker.pid")
     started_engine = not ticker.exists()
+    t0 = time.time()
     out = sh(["scripts/podman-host.sh", "start"], dict(os.environ), timeout=900)
+    record_phase("podman engine (stack test)", time.time() - t0)
     env = dict(os.environ)
     for line in out.splitlines():
         if line.startswith("export DOCKER_HOST="):
@@ -115,6 +117,7 @@ def stack(tmp_path_factory):
     t0 = time.time()
     sh(["make", "-s", "images", f"ENV_FILE={env_file}"], env, timeout=1800)
     images_s = time.time() - t0
+    record_phase("images (stack test)", images_s)
     mk = ["make", "-s", f"ENV_FILE={env_file}", f"PROJECT={PROJECT}", "ENGINE=cpu", f"RUN={RUN}"]
     ctx = {"tmp": tmp, "env": env, "env_file": env_file, "ports": ports, "make": mk, "images_s": images_s,
            "runs": tmp / "runs"}
@@ -174,6 +177,11 @@ def redis_client(ctx) -> redis_lib.Redis:
 def test_stack_cpu_end_to_end(stack):
     ctx, env, mk, runs = stack, stack["env"], stack["make"], stack["runs"]
     print(f"images: {ctx['images_s']:.0f} s")
+    mark = [time.time()]
+
+    def done(step: str) -> None:  # each step's wall time, into CI's phase table
+        record_phase(f"stack: {step}", time.time() - mark[0])
+        mark[0] = time.time()
 
     # 1. up: redis, target-cpu, two generators, extractor, queue-exporter, pushgateway, prometheus
     t0 = time.time()
@@ -189,6 +197,7 @@ def test_stack_cpu_end_to_end(stack):
     recs = records(runs, RUN)
     assert len(recs) == PROMPTS and set(recs.values()) == {1}, recs
     print(f"generation of {PROMPTS} prompts: {time.time() - t0:.0f} s since up")
+    done("up, generation")
 
     # 3. a generator container SIGKILLed while it holds a batch: the batch completes in the other one (rq retries
     #    the abandoned job once its heartbeat lapses), nothing lost or duplicated
@@ -203,12 +212,14 @@ def test_stack_cpu_end_to_end(stack):
     recs = records(runs, kill_run)
     assert len(recs) == 24 and set(recs.values()) == {1}, recs
     up(ctx)  # `docker kill` counts as a manual stop (no restart policy applies): make up brings it back
+    done("generator killed, batch redone")
 
     # 4. build-data and extract through the stack's services
     sh([*mk, "data"], env)
     assert list((runs / RUN / "data").rglob("*.safetensors")), "build-data wrote no shard"
     sh([*mk, "extract", "JOB_ENV=-e DRAFTSMITH_EXTRACT__LAYERS=[1,14,26]"], env)
     wait_for(lambda: extraction_done(runs / RUN), 900, 5, "the extractor container's feature shards")
+    done("data, extract")
 
     # 5. train (tiny) in the trainer's one-off container, export in the generator, then serve the drafter
     #    (DRAFTER_DIR in .env, make up recreates the target) and measure its acceptance in the evaluator's container
@@ -218,6 +229,7 @@ def test_stack_cpu_end_to_end(stack):
     sh([*mk, "export"], env)
     assert (runs / RUN / "export" / "eagle3" / "config.json").is_file(), "export wrote no eagle3 layout"
     print(f"train + export: {time.time() - t0:.0f} s")
+    done("train, export")
     set_env(ctx["env_file"], "DRAFTER_DIR", f"/runs/{RUN}/export/eagle3")
     up(ctx)
     sh([*mk, "eval", "JOB_ENV=-e DRAFTSMITH_EVAL__LIMIT=2 -e DRAFTSMITH_EVAL__BASELINE=false "
@@ -231,10 +243,12 @@ def test_stack_cpu_end_to_end(stack):
     assert report["results"][0]["engine"] == "vllm" and report["k"] == 3, report["results"][0]
     assert overall["acceptance_rate"] is not None and 1.0 <= overall["mean_acceptance_length"] <= 4.0, overall
     print(f"eval: mean acceptance length {overall['mean_acceptance_length']:.2f}; {time.time() - t0:.0f} s")
+    done("drafter served, eval")
 
     # 6. Prometheus (the stack's own): every scrape target up, every dashboard query answered
     prom = f"http://127.0.0.1:{ctx['ports']['PROMETHEUS_PORT']}"
     check_prometheus(prom)
+    done("prometheus queries")
 
     # 7. down, up: the queue and the runs survive on their volumes; nothing is redone
     work = ("records", "data", "features", "checkpoints", "export")  # what a redone stage would rewrite
@@ -251,6 +265,7 @@ def test_stack_cpu_end_to_end(stack):
     after = {p: p.stat().st_mtime_ns for p in before if p.exists()}
     changed = sorted(str(p.relative_to(runs)) for p in before if after.get(p) != before[p])
     assert not changed, f"files of the run were rewritten or removed after down/up: {changed}"
+    done("down, up, nothing redone")
 
 
 def set_env(env_file: Path, key: str, value: str) -> None:

@@ -71,8 +71,7 @@ def worker(
     concurrency: int = setting_option("generation.concurrency", "--concurrency", "-c", min=1),
     burst: bool = typer.Option(False, "--burst", help="Exit when the queues are empty."),
     metrics_port: int = setting_option("metrics.port", "--metrics-port"),
-    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr",
-                                     help="Address /metrics binds (0.0.0.0 in a container whose port is scraped)."),
+    metrics_addr: str = setting_option("metrics.addr", "--metrics-addr"),
 ) -> None:
     """Run the rq worker pool (generation and/or extraction jobs)."""
     from draftsmith.jobqueue.pool import run_pool

@@ -17,4 +17,5 @@ def queue_exporter(
     from draftsmith.jobqueue.queues import connect
 
     s = settings()
-    run_exporter(connect(s.redis.url), s.redis.prefix, port if port is not None else s.metrics.port, interval)
+    run_exporter(connect(s.redis.url), s.redis.prefix, port if port is not None else s.metrics.port, interval,
+                 addr=s.metrics.addr)

@@ -6,6 +6,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.errors import DraftsmithError
 
 
 def train_summary(result: dict, status_file) -> str:
@@ -46,8 +47,12 @@ def train_cmd(
 
     trainer = Trainer(s)
     if trainer.dist.main:
-        metrics.serve_metrics(s.metrics.port)
+        try:
+            metrics.serve_metrics(s.metrics.port, s.metrics.addr)
+        except DraftsmithError as e:  # a batch job: the training matters more than its live metrics
+            typer.echo(f"warning: {e}; training goes on without /metrics", err=True)
     result = trainer.run()
+    trainer.close()  # not after an error: a barrier would wait for a rank that may be gone
     if trainer.dist.main:
         typer.echo(train_summary(result, trainer.paths.status / "train.json"))
 

@@ -65,18 +65,19 @@ def collect(client: redis.Redis, prefix: str, stages: tuple[str, ...] = STAGES) 
     return out
 
 
-def run_exporter(client: redis.Redis, prefix: str, port: int, interval_s: float, once: bool = False) -> None:
-    """Serve ``/metrics`` on ``port`` and refresh the queue gauges every ``interval_s`` seconds until stopped.
+def run_exporter(client: redis.Redis, prefix: str, port: int, interval_s: float, once: bool = False,
+                 addr: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` on ``addr:port`` and refresh the queue gauges every ``interval_s`` seconds until stopped.
 
     A Redis error is logged and retried at the next interval (the gauges keep their last values), so a Redis
     restart does not kill the exporter.
 
     Raises:
-        OSError: the port is taken.
+        DraftsmithError: the port is taken.
     """
     from draftsmith.metrics import serve_metrics
 
-    serve_metrics(port)
+    serve_metrics(port, addr)
     log.info("queue exporter: /metrics on port %d, every %.1f s, queues %s:{%s}", port, interval_s, prefix,
              ",".join(STAGES))
     while True:

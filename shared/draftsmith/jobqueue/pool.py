@@ -107,7 +107,7 @@ def default_processes(s: Settings, stages: list[str]) -> int:
 
 
 def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool = False,
-             metrics_port: int | None = None, metrics_addr: str = "127.0.0.1") -> None:
+             metrics_port: int | None = None, metrics_addr: str | None = None) -> None:
     """Run ``processes`` rq workers on the queues of ``stages`` until stopped (or, with ``burst``, until empty).
 
     A pool serving ``generate`` sets that stage's in-flight cap from ``generation.concurrency``; a pool serving
@@ -138,6 +138,7 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
         InflightCap(client, s.redis.prefix, s.generation.concurrency, stage="generate").set_cap(
             s.generation.concurrency)
     port = s.metrics.port if metrics_port is None else metrics_port
+    metrics_addr = metrics_addr or s.metrics.addr
     serve_metrics(port, addr=metrics_addr, extra=[QueueCollector(client, s.redis.prefix, stages)])
     queues = [get_queue(client, s.redis.prefix, st) for st in stages]
     log.info("worker pool: %d process(es) on %s, in-flight cap %s, /metrics on %s (pid %d)", processes,

@@ -1,0 +1,37 @@
+"""The Makefile's developer targets work as `make help` describes them: `lint` fails on a finding and passes on
+the repository, `help` describes every target and names the benchmarks `make bench` leaves out."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_lint_fails_on_a_broken_file_and_passes_on_the_repository(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import os\n\n\ndef f(x):\n    return undefined_name + x\n")
+    r = make("lint", f"LINT_PATHS={broken}")
+    assert r.returncode != 0
+    assert "F401" in r.stdout and "F821" in r.stdout, r.stdout  # unused import, undefined name
+    r = make("lint")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_help_describes_every_target_and_the_benchmarks_left_out():
+    r = make("help")
+    assert r.returncode == 0, r.stderr
+    described = {line.split()[0] for line in r.stdout.splitlines() if line and not line.startswith(" ")}
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (REPO / "Makefile").read_text(), re.M))
+    assert targets <= described, targets - described
+    in_bench = re.search(r"^BENCH_VENV = (.*?)(?<!\\)$", (REPO / "Makefile").read_text(), re.M | re.S).group(1)
+    for bench in sorted(p.name for p in (REPO / "bench").glob("*.py")):
+        if bench == "stub_target.py":  # a server the benchmarks start, not a benchmark
+            continue
+        assert bench in in_bench or f"  {bench}" in r.stdout, f"{bench} is neither in make bench nor in make help"
