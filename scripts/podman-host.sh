@@ -42,6 +42,7 @@ done
 # reach another by service name (the generator fails "redis: Name or service not known")
 [[ -x /usr/lib/cni/dnsname ]] || need+=(golang-github-containernetworking-plugin-dnsname)
 if (( ${#need[@]} > 0 )); then
+  echo "podman-host: installing ${need[*]} (a container engine for the Compose stack) with ${SUDO:+sudo }apt-get"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${need[@]}" uidmap slirp4netns

@@ -13,7 +13,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,31 +26,75 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 
+# Tests press Ctrl-C on the commands they start, as a user's terminal does. A suite started in the background of a
+# non-interactive shell (`make test &`, a CI runner) inherits SIGINT ignored, passes that on to every child, and
+# each Ctrl-C then waits for its timeout (seen with two xdist workers). Each pytest process handles SIGINT as an
+# interactive one does, so its children start with the default action.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # Work units in the order the xdist scheduler hands them out, longest first (measured durations: docs/testing.md);
-# everything else follows in collection order. A unit is an xdist group or a test file.
+# everything else follows in collection order. A unit is a shared resource's group ("@vllm") or a test file.
 LONGEST_FIRST = ("@stack", "@vllm", "tests/test_mla_e2e.py", "tests/drafter/test_e2e_vllm.py",
-                 "tests/drafter/test_ddp.py", "tests/target/test_mla_stages.py", "tests/lifecycle/test_server_signals.py",
-                 "tests/stack/test_live_prometheus.py")
-SHARED_RESOURCES = {"vllm_server": "vllm", "small_demo": "vllm", "stack": "stack"}
+                 "tests/drafter/test_ddp.py", "tests/target/test_mla_stages.py", "tests/lifecycle/test_server_signals.py")
+SHARED_RESOURCES = {"vllm_server": "@vllm", "small_demo": "@vllm", "stack": "@stack"}
+# The unit of every test id, written by the first worker at collection and read by the controller's scheduler.
+# pytest-xdist's own `--dist loadgroup` cannot be used: it appends the group to `item._nodeid`, which pytest 9
+# no longer reads (node ids are derived), so every test became its own unit and two workers started the same
+# shared server and demo.
+UNITS_ENV = "DRAFTSMITH_TEST_XDIST_UNITS"
+
+
+def work_unit(item) -> str:
+    """The xdist work unit of a test: the shared resource it uses, else its file (a module's fixtures are built by
+    one worker)."""
+    units = {u for name, u in SHARED_RESOURCES.items() if name in getattr(item, "fixturenames", ())}
+    assert len(units) <= 1, f"{item.nodeid} uses resources of two work units: {units}"
+    return units.pop() if units else item.nodeid.split("::")[0]
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        fd, path = tempfile.mkstemp(prefix="draftsmith-xdist-units-", suffix=".json")
+        os.close(fd)
+        os.environ[UNITS_ENV] = path  # the workers, started later, inherit it
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and os.environ.get(UNITS_ENV):
+        Path(os.environ.pop(UNITS_ENV)).unlink(missing_ok=True)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark e2e tests slow; give every test an xdist group: the expensive resource it uses, else its file (so a
-    module's fixtures are built by one worker); order the groups longest first."""
+    """Mark e2e tests slow; order the tests by work unit, longest first; tell the scheduler each test's unit."""
     for item in items:
         if "e2e" in item.keywords and "slow" not in item.keywords:
             item.add_marker(pytest.mark.slow)  # e2e tests need the real server and are slow by nature
-        groups = {g for name, g in SHARED_RESOURCES.items() if name in getattr(item, "fixturenames", ())}
-        assert len(groups) <= 1, f"{item.nodeid} uses resources of two xdist groups: {groups}"
-        item.add_marker(pytest.mark.xdist_group(groups.pop() if groups else item.nodeid.split("::")[0]))
-
-    def unit(item) -> str:
-        name = item.get_closest_marker("xdist_group").args[0]
-        return name if name.startswith("tests/") else f"@{name}"
-
     rank = {u: i for i, u in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(unit(item), len(rank)))  # stable: collection order within a rank
+    items.sort(key=lambda item: rank.get(work_unit(item), len(rank)))  # stable: collection order within a rank
+    path = os.environ.get(UNITS_ENV)
+    if path and os.environ.get("PYTEST_XDIST_WORKER") == "gw0":  # every worker collects the same tests
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps({item.nodeid: work_unit(item) for item in items}))
+        tmp.replace(path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` with this suite's units: each unit runs whole on one worker, in collection order."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedResourceScheduling(LoadScopeScheduling):
+        units: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.units is None:  # called once every worker has collected
+                self.units = json.loads(Path(os.environ[UNITS_ENV]).read_text())
+            return self.units.get(nodeid, nodeid)
+
+    return SharedResourceScheduling(config, log)
 
 
 def worker_index() -> int:

@@ -38,10 +38,12 @@ def test_runner_multi_turn_on_real_server(vllm_server):
         acceptance_from_counters(client.counters(), 3)
 
 
-def _settings(tmp_path: Path, embedded_target: Path, drafter: Path, baseline_url: str, sets: list[str], **ev):
+def _settings(tmp_path: Path, embedded_target: Path, drafter: Path, baseline_url: str, sets: list[str],
+              target: dict | None = None, **ev):
     return load_settings(overrides={
         "runs_dir": str(tmp_path / "runs"), "run": "e2e",
-        "target": {"path": str(embedded_target), "enforce_eager": True, "kv_cache_gib": 1, "max_model_len": 1024},
+        "target": {"path": str(embedded_target), "enforce_eager": True, "kv_cache_gib": 1, "max_model_len": 1024,
+                   **(target or {})},
         "eval": {"engine": "vllm", "k": 3, "sets": sets, "drafter": str(drafter), "baseline_url": baseline_url,
                  "concurrency": 2, "max_tokens": 16, **ev},
     })
@@ -82,7 +84,11 @@ def trained_drafter(tmp_path, small_demo):
 @pytest.mark.e2e
 def test_eval_trained_drafter_accepts_and_matches_offline(tmp_path, embedded_target, trained_drafter, vllm_server):
     drafter, src = trained_drafter
-    s = _settings(tmp_path, embedded_target, drafter, vllm_server, [str(src)], limit=4, concurrency=1)
+    # two estimators of one drafter on the same numbers: the offline chain runs the target in float32, so the
+    # drafter's server does too (auto serves bf16 on an AMX CPU, and bf16's greedy choices differ from float32's
+    # often enough on four prompts to move vLLM's figure by 18 %: offline 2.10 vs vLLM 1.78, seen here)
+    s = _settings(tmp_path, embedded_target, drafter, vllm_server, [str(src)], target={"dtype": "float32"}, limit=4,
+                  concurrency=1)
     paths = run_evaluation(s, offline=True)
     assert all(paths[k].is_file() for k in ("json", "md", "png"))
     report = json.loads(paths["json"].read_text())
