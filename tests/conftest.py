@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
+from shared_server import SharedServer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
@@ -36,8 +37,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # Work units in the order the xdist scheduler hands them out, longest first (measured durations: docs/testing.md);
 # everything else follows in collection order. A unit is a shared resource's group ("@vllm") or a test file.
-LONGEST_FIRST = ("@stack", "@vllm", "tests/test_mla_e2e.py", "tests/drafter/test_e2e_vllm.py",
-                 "tests/drafter/test_ddp.py", "tests/target/test_mla_stages.py", "tests/lifecycle/test_server_signals.py")
+# The third is short on purpose: an xdist worker runs a test only once it holds the next one, so the worker that
+# takes the one-test stack unit also takes the unit after it at once, and that unit waits for the whole stack test.
+LONGEST_FIRST = ("@stack", "@vllm", "tests/test_secrets.py", "tests/test_mla_e2e.py", "tests/drafter/test_e2e_vllm.py",
+                 "tests/drafter/test_ddp.py", "tests/target/test_mla_stages.py", "tests/lifecycle/test_server_signals.py",
+                 "tests/generation/test_pool_faults.py")
 SHARED_RESOURCES = {"vllm_server": "@vllm", "small_demo": "@vllm", "stack": "@stack"}
 # The unit of every test id, written by the first worker at collection and read by the controller's scheduler.
 # pytest-xdist's own `--dist loadgroup` cannot be used: it appends the group to `item._nodeid`, which pytest 9
@@ -139,23 +143,30 @@ def embedded_target(cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(embedded_target: Path, tmp_path_factory) -> str:
-    """Base URL of the one vLLM CPU server shared by all end-to-end tests of a run (no drafter)."""
-    url = os.environ.get("DRAFTSMITH_TEST_VLLM_URL")
-    if url:
-        yield url.rstrip("/")
-        return
+def shared_vllm(embedded_target: Path, tmp_path_factory):
+    """The session's one vLLM CPU server on the embedded target (no drafter), as a :class:`SharedServer`."""
     from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
 
-    spec = VLLMServerSpec(
-        model=embedded_target, served_name=EMBEDDED_NAME, port=free_port(), max_model_len=4096, kv_cache_gib=2
-    )
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    server = VLLMServer(spec, log).start(timeout_s=900)
+    def start():
+        spec = VLLMServerSpec(model=embedded_target, served_name=EMBEDDED_NAME, port=free_port(), max_model_len=4096,
+                              kv_cache_gib=2)
+        return VLLMServer(spec, tmp_path_factory.mktemp("vllm") / "server.log").start(timeout_s=900)
+
+    shared = SharedServer(start)
     try:
-        yield server.url
+        yield shared
     finally:
-        server.stop()
+        shared.stop()
+
+
+@pytest.fixture
+def vllm_server(request) -> str:
+    """Base URL of the one vLLM CPU server shared by all end-to-end tests of a session (no drafter); started
+    again if an earlier test left it dead. ``DRAFTSMITH_TEST_VLLM_URL`` names a running server instead."""
+    url = os.environ.get("DRAFTSMITH_TEST_VLLM_URL")
+    if url:
+        return url.rstrip("/")
+    return request.getfixturevalue("shared_vllm").url()
 
 
 @pytest.fixture(scope="session")

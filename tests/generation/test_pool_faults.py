@@ -284,3 +284,31 @@ def test_metric_files_stay_bounded_and_counts_stay_exact(tmp_path, redis_url):
     assert 'draftsmith_generation_requests_total{outcome="ok",run="t"} 80.0' in text.splitlines()
     assert 'draftsmith_generation_request_latency_seconds_count{run="t"} 80.0' in text.splitlines()
     assert 'draftsmith_generation_prompts_done{run="t"} 80.0' in text.splitlines()
+
+
+def test_a_job_dequeued_by_a_worker_that_died_runs_within_two_minutes(tmp_path, redis_url):
+    """A worker SIGKILLed right after it dequeued a job leaves that job on rq's intermediate list, in no queue and no
+    registry. rq's maintenance hands it back, and the pool runs that maintenance every 30 s (rq's default of
+    10 minutes left such a job waiting 10-20 minutes, and an empty queue meanwhile)."""
+    from draftsmith.jobqueue.queues import get_queue
+    from draftsmith.jobqueue.worker import MAINTENANCE_INTERVAL_S
+
+    stub = Stub()
+    s = settings_for(tmp_path, redis_url, stub.url)
+    src = write_prompts_source(tmp_path / "src.jsonl", [{"question": f"q{i}?"} for i in range(4)])
+    try:
+        enqueue(s, str(src), None, 4, say=lambda m: None)
+        queue = get_queue(redis.Redis.from_url(redis_url), s.redis.prefix, "generate")
+        # what rq's dequeue does (LMOVE to the intermediate list), by a worker that is killed before it goes on
+        jid = queue.connection.lmove(queue.key, queue.intermediate_queue_key)
+        assert jid and queue.count == 0
+        t0 = time.time()
+        p = start_pool(s, "--metrics-port", "0")
+        try:
+            done = wait_for(lambda: len(list(iter_records(Path(s.runs_dir) / "t" / "records"))) == 4, 120, 1)
+        finally:
+            out = stop_pool(p)
+    finally:
+        stub.close()
+    assert done, out[-3000:]
+    assert time.time() - t0 < 60 + 3 * MAINTENANCE_INTERVAL_S  # two maintenance passes a minute apart, and the job

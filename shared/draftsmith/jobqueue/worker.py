@@ -66,10 +66,28 @@ class BoundScheduler(RQScheduler):
         super().heartbeat()
 
 
+# rq's registry maintenance is what hands a dead worker's job back to the queue (its started-job registry for a
+# job whose work-horse died with it; its intermediate list, after two passes a minute apart, for a job it had only
+# dequeued). rq runs it every 10 minutes, and only between blocking reads of an empty queue (405 s each), so a
+# job of a SIGKILLed worker or container waited 10-20 minutes for it (848 s in one run of the Compose stack test);
+# every 30 s it costs a few Redis calls per queue, under a lock that lets one worker of the pool do it.
+MAINTENANCE_INTERVAL_S = 30
+
+
 class DraftsmithWorker(Worker):
     """The worker class of draftsmith's pool (see the module docstring)."""
 
     disk_full: str | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL_S)
+        super().__init__(*args, **kwargs)
+
+    @property
+    def dequeue_timeout(self) -> int:
+        """Seconds one blocking read of an empty queue waits: at most the maintenance interval, which runs
+        between reads (rq's own: ``worker_ttl`` - 15 = 405 s)."""
+        return max(1, min(self.worker_ttl - 15, MAINTENANCE_INTERVAL_S))
 
     def _start_scheduler(self, burst: bool = False, logging_level: str | None = "INFO", *args, **kwargs):
         """rq's scheduler start, with :class:`BoundScheduler` (burst workers only enqueue due jobs, in-process)."""
