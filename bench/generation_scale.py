@@ -11,7 +11,8 @@ at the same concurrency (``generation.concurrency``, default 128):
 Printed per size: req/s of both, their ratio, the pool's CPU per job (CPU seconds of every pool process, from
 ``RUSAGE_CHILDREN``, minus the pool's idle start-up CPU, per job: constant when a job's cost does not grow with the
 run), and that CPU beyond the bare client's CPU for the same requests (``per-job overhead``; the bare client's own
-CPU per request falls with the run's length as its connections warm up, so this one is noisy at 1,000). Last line: ``RATIO generation_scale <pool/bare at 10,000>``.
+CPU per request falls with the run's length as its connections warm up, so this one is noisy at 1,000). Last line: ``RATIO generation_scale <pool/bare at 10,000>`` (or
+at the largest size run, named, without 10,000: `make bench` runs 1,000).
 
 ``--scale-out``: two pools (as two compose generator containers) against one Redis and two server replicas with a
 fixed delay and a fixed number of sequences each (the servers are the bottleneck), vs one pool against one replica;
@@ -171,15 +172,15 @@ def sizes_run(redis_url: str, sizes: list[int], concurrency: int) -> None:
                 cpu_p = children_cpu() - c0 - idle
                 overhead_ms = 1000 * (cpu_p - cpu_b) / max(1, jobs)
                 ratio = (n / tp) / (nb / tb)
-                if n == 10000:
-                    ratio_10k = ratio
+                if n == 10000 or ratio_10k is None or 10000 not in sizes:
+                    ratio_10k, at = ratio, n
                 print(f"| {n} | {nb / tb:.0f} | {n / tp:.0f} | {ratio:.3f} | {procs} | {jobs} | "
                       f"{1000 * cpu_p / max(1, jobs):.0f} | {overhead_ms:.1f} |", flush=True)
     finally:
         stub.kill()
         stub.wait()
-    if ratio_10k is not None:
-        print(f"RATIO generation_scale {ratio_10k:.3f}")
+    if ratio_10k is not None:  # at 10,000 prompts; at the largest size run when 10,000 is not among them
+        print(f"RATIO generation_scale {ratio_10k:.3f}" + ("" if at == 10000 else f" (at {at} prompts)"))
 
 
 def scale_out_run(redis_url: str, n: int, concurrency: int, delay_s: float, slots: int) -> None:

@@ -3,7 +3,7 @@
 Part of `make test` (`make test-stack` runs it alone). Real containers: podman behind its Docker-compatible API,
 driven by docker-compose 1.29 (scripts/podman-host.sh installs and starts them where no Docker engine runs); real
 images built here without a registry (scripts/local-images.sh: Debian stand-ins for Python, Redis, Prometheus and
-Pushgateway; about 9 minutes cold on the 2-core CI machine, podman's install included); the real SmolLM2 target on vLLM's CPU build inside the
+Pushgateway; 4 to 9 minutes cold on the 2-core CI machines, podman's install included); the real SmolLM2 target on vLLM's CPU build inside the
 project image. Every step is a make target of the README, with a `.env` made from `.env.example` and generated
 secrets. Grafana cannot run here (no registry or Debian package ships it): the stack starts with
 `--scale grafana=0`, and each dashboard query is evaluated against the stack's own Prometheus instead.
