@@ -1,4 +1,4 @@
-"""Fault drills of the generation worker pool (issue 12), on real processes: `draftsmith worker` pools (rq forks
+"""Fault drills of the generation worker pool, on real processes: `draftsmith worker` pools (rq forks
 workers, work-horses and a scheduler), the real Redis, and ``bench/stub_target.py`` as the target (a real HTTP
 server in its own process; it is the pool that is drilled, not a model).
 

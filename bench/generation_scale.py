@@ -1,4 +1,4 @@
-"""Benchmark: the worker pool against a fast server, at run sizes 1,000 / 10,000 / 50,000 prompts (issue 13).
+"""Benchmark: the worker pool against a fast server, at run sizes 1,000 / 10,000 / 50,000 prompts.
 
 A fast local OpenAI-compatible server (``bench/stub_target.py``: vLLM-shaped bodies with ``token_ids``, no delay)
 stands in for the target, so the pool, not the model, is what is measured. For each size, on the same prompts and

@@ -1,4 +1,4 @@
-"""Draft-vocabulary coverage of the target's own eval answers: how the empty slots are filled (issue 11).
+"""Draft-vocabulary coverage of the target's own eval answers: how the empty slots are filled.
 
 A token outside the draft vocabulary is never drafted, so the share of the target's generated eval tokens inside it
 bounds the acceptance of every draft position. This benchmark builds the draft vocabulary of one run's training data

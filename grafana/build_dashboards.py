@@ -46,7 +46,7 @@ class Dashboard:
 
 GENERATION = Dashboard(
     "generation", "draftsmith / generation",
-    "Regeneration of answers by the target through the rq worker pool (issue 2).",
+    "Regeneration of answers by the target through the rq worker pool.",
     run_metric="draftsmith_generation_prompts_total",
     panels=[
         Panel("Progress (prompts done / total)", [(
@@ -93,7 +93,7 @@ GENERATION = Dashboard(
 
 EXTRACTION = Dashboard(
     "extraction", "draftsmith / extraction",
-    "Hidden-state extraction: the target's aux and final hidden states written as feature shards (issue 4).",
+    "Hidden-state extraction: the target's aux and final hidden states written as feature shards.",
     run_metric="draftsmith_extract_shards_total",
     panels=[
         Panel("Shards done / total", [(
@@ -132,7 +132,7 @@ EXTRACTION = Dashboard(
 SERVING = Dashboard(
     "serving", "draftsmith / serving & acceptance",
     "The target engine with the drafter: acceptance in vLLM and SGLang, load and KV cache, and the evaluator's "
-    "reports (issue 6). vLLM: rate = accepted / draft tokens, length = 1 + accepted / drafts (bonus token counted); "
+    "reports. vLLM: rate = accepted / draft tokens, length = 1 + accepted / drafts (bonus token counted); "
     "SGLang gauges use the same definitions over recent steps.",
     run_metric="draftsmith_eval_acceptance_rate",
     panels=[
@@ -176,7 +176,7 @@ SERVING = Dashboard(
 
 TRAINING = Dashboard(
     "training", "draftsmith / training",
-    "EAGLE-3 drafter training with training-time test (issue 5): loss and top-1 accuracy per TTT step, simulated "
+    "EAGLE-3 drafter training with training-time test: loss and top-1 accuracy per TTT step, simulated "
     "acceptance length 1 + sum_j prod_{i<=j} acc_i, learning rate and throughput.",
     run_metric="draftsmith_train_step",
     panels=[

@@ -1,4 +1,4 @@
-"""Build the two extra prompt pools of issue 11 (code and multi-turn) from sources on every machine.
+"""Build the two extra prompt pools (code and multi-turn) from sources on every machine.
 
 - ``data/prompts/python_stdlib_functions.jsonl``: code-completion prompts made from the public top-level functions
   of Python's own standard library (the interpreter running this script; read with ``ast``, nothing is imported).

@@ -132,7 +132,7 @@ class GenerationConfig(Section):
 
 
 class DataConfig(Section):
-    """Training samples built from records (issue 3)."""
+    """Training samples built from records."""
 
     max_length: int = Field(2048, ge=16, description="Longest training sample, in tokens.")
     too_long: Literal["truncate", "drop"] = Field(
@@ -190,7 +190,7 @@ class DataConfig(Section):
 
 
 class ExtractConfig(Section):
-    """Hidden-state extraction (issue 4)."""
+    """Hidden-state extraction."""
 
     backend: Literal["hf", "vllm"] = Field("hf", description="Extraction backend.")
     layers: list[int] | None = Field(
@@ -209,7 +209,7 @@ class ExtractConfig(Section):
 
 
 class TrainConfig(Section):
-    """EAGLE-3 drafter training (issue 5)."""
+    """EAGLE-3 drafter training."""
 
     ttt_steps: int = Field(7, ge=1, description="Training-time-test unroll depth k.")
     draft_vocab_size: int | None = Field(
@@ -282,14 +282,14 @@ class TrainConfig(Section):
 
 
 class ExportConfig(Section):
-    """Drafter export for serving engines (issue 5)."""
+    """Drafter export for serving engines."""
 
     format: Literal["eagle3", "speculators", "both"] = Field("both", description="Checkpoint layout(s) to write.")
     speculative_tokens: int = Field(3, ge=1, description="speculators proposal_methods speculative_tokens.")
 
 
 class EvalConfig(Section):
-    """Acceptance measured in serving engines (issue 6)."""
+    """Acceptance measured in serving engines."""
 
     engine: Literal["vllm", "sglang", "both"] = Field("vllm", description="Engine(s) to measure in.")
     k: int = Field(3, ge=1, description="Speculative tokens per step (chain drafting).")

@@ -62,13 +62,13 @@ class DemoSize:
         return replace(self, pools=dict(over.get("pools", self.pools)), config=config, native_bf16=None)
 
 
-# The training recipe of both SmolLM2 sizes (issue 11; measured in bench/recipe.py, docs/benchmarks.md): residual
+# The training recipe of both SmolLM2 sizes (measured in bench/recipe.py, docs/benchmarks.md): residual
 # carries the normed feature, TTT depth = the K served, micro-batches of 4, a cosine floor of 0.1 x the peak, and
 # every extracted row in the loss (prompt rows too).
 RECIPE: dict[str, Any] = {"norm_before_residual": True, "ttt_steps": 3, "batch_size": 4, "min_lr_ratio": 0.1,
                           "loss_rows": "all"}
 
-# The data mix of both SmolLM2 sizes (issue 11): GSM8K, Self-Instruct, code-completion prompts from Python's
+# The data mix of both SmolLM2 sizes: GSM8K, Self-Instruct, code-completion prompts from Python's
 # standard library and two-turn conversations (scripts/make_prompt_pools.py), in the same proportions; the small
 # demo's mix was measured in vLLM against the old three pools (docs/benchmarks.md: HumanEval 1.09 -> 1.28).
 SIZES: dict[str, DemoSize] = {

@@ -16,9 +16,11 @@ from pathlib import Path
 from prometheus_client import REGISTRY as _DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from draftsmith.errors import DraftsmithError
+
 NS = "draftsmith"
 
-# ---- generation (issue 2) ----
+# ---- generation ----
 GEN_REQUESTS = Counter(
     f"{NS}_generation_requests", "Chat requests sent to the target, by outcome (ok, or the error reason).",
     ["run", "outcome"],
@@ -59,7 +61,7 @@ WORKERS_ALIVE = Gauge(
 )
 
 
-# ---- training (issue 5) ----
+# ---- training ----
 TRAIN_STEP = Gauge(f"{NS}_train_step", "Optimizer steps done.", ["run"], multiprocess_mode="mostrecent")
 TRAIN_EPOCH = Gauge(f"{NS}_train_epoch", "Current epoch (0-based).", ["run"], multiprocess_mode="mostrecent")
 TRAIN_LOSS = Gauge(
@@ -99,7 +101,7 @@ def prepare_multiprocess_dir(path: Path) -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
     # prometheus_client picks its value class when it is first imported, and importing this module imports it;
     # every metric here has labels, so its values are created at .labels() time: re-pick the class now so they
-    # are written to the folder (without this, counters set in forked work-horses were lost). (issue 7)
+    # are written to the folder (without this, counters set in forked work-horses were lost).
     from prometheus_client import values
 
     values.ValueClass = values.get_value_class()
@@ -121,7 +123,7 @@ def _value_lock():
 
 
 def _guard_value_lock_across_forks() -> None:
-    """Never fork while another thread holds prometheus-client's multiprocess value lock (issue 12).
+    """Never fork while another thread holds prometheus-client's multiprocess value lock.
 
     A child forked while the lock is held inherits it locked and hangs at its first metric write (rq work-horses
     blocked forever at the in-flight gauge). The lock is taken before every ``os.fork`` of this process (rq's
@@ -167,8 +169,6 @@ def serve_metrics(port: int, addr: str = "127.0.0.1", extra: list | None = None)
     try:
         start_http_server(port, addr=addr, registry=registry)
     except OSError as e:
-        from draftsmith.errors import DraftsmithError
-
         raise DraftsmithError(f"cannot serve /metrics on {addr}:{port}: {e.strerror or e}",
                               "another process holds the port (another draftsmith train or worker?): set "
                               "metrics.port (--metrics-port, DRAFTSMITH_METRICS__PORT) to a free port, or 0 for "
@@ -213,7 +213,7 @@ _ARCHIVES: dict[str, object] = {}
 def compact_dead_files(path: Path) -> int:
     """Fold the sample files of dead processes of this host into one archive file per kind; returns how many
     files were removed. Keeps the multiprocess folder (and the cost of a scrape) bounded by the number of live
-    processes, whatever the number of jobs a run had (issue 13: one rq work-horse per job left three files).
+    processes, whatever the number of jobs a run had (one rq work-horse per job left three files).
 
     Counters and histograms are summed into ``counter_archive.db`` / ``histogram_archive.db``; ``mostrecent``
     gauges keep their latest value in ``gauge_mostrecent_archive.db``; live gauges of dead processes are dropped.
@@ -267,7 +267,7 @@ class LiveAwareCollector:
         sweep_dead_live_files(self.path)
         return self._inner.collect()
 
-# ---- extraction (issue 4) ----
+# ---- extraction ----
 EXTRACT_SAMPLES = Counter(f"{NS}_extract_samples", "Samples whose features were written.", ["run"])
 EXTRACT_TOKENS = Counter(f"{NS}_extract_tokens", "Tokens whose features were written.", ["run"])
 EXTRACT_BYTES = Counter(f"{NS}_extract_bytes_written", "Bytes of feature shards written.", ["run"])
@@ -293,7 +293,7 @@ EXTRACT_FREE_DISK = Gauge(
     multiprocess_mode="mostrecent",
 )
 
-# ---- evaluation (issue 6) ----
+# ---- evaluation ----
 # Set when a report is written (draftsmith.evaluation.report.publish). They live in their own registry so the
 # report can also write exactly them to runs/<run>/eval/metrics.prom (node-exporter textfile collector) or push
 # them to a Pushgateway; they are registered in the default registry too, so an in-process /metrics shows them.

@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 from draftsmith.target.server import free_port
 
@@ -51,7 +52,9 @@ def test_serve_answers_then_stops_on_ctrl_c(embedded_target, cache_dir, tmp_path
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
         assert proc.wait(120) in (0, 130)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # the test failed: vLLM runs in a session of its own, so kill the tree, not the group
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
             os.killpg(proc.pid, signal.SIGKILL)
     with socket.socket() as s:  # the server is gone and its port is free again
         s.bind(("127.0.0.1", port))

@@ -1,4 +1,4 @@
-"""``draftsmith build-data`` and ``draftsmith draft-vocab``: training samples and the draft vocabulary (issue 3)."""
+"""``draftsmith build-data`` and ``draftsmith draft-vocab``: training samples and the draft vocabulary."""
 
 from __future__ import annotations
 

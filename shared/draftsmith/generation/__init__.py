@@ -1,1 +1,1 @@
-"""Generation: regenerate answers to prompts with the target through an rq worker pool (issue 2)."""
+"""Generation: regenerate answers to prompts with the target through an rq worker pool."""

@@ -1,7 +1,7 @@
 """An async client for OpenAI-compatible chat servers (vLLM, SGLang) that classifies every error.
 
 Transient errors (connection resets, timeouts, HTTP 5xx and 429, unreadable bodies) are retried with exponential
-backoff and jitter; a 400 for exceeding the context is permanent and never retried (vLLM issue 20409); other 4xx
+backoff and jitter; a 400 for exceeding the context is permanent and never retried (vllm-project/vllm#20409); other 4xx
 are permanent too. Every error, retried or not, is counted by reason.
 """
 
@@ -116,14 +116,14 @@ def parse_chat_response(body: dict[str, Any], latency_s: float) -> ChatResult:
 @functools.cache
 def tls_context() -> ssl.SSLContext:
     """The TLS context of every client of this process, built once (loading the CA bundle costs ~0.1-0.2 s, and a
-    work-horse forked after the pool built it inherits it: issue 13)."""
+    work-horse forked after the pool built it inherits it)."""
     return httpx.create_ssl_context()
 
 
 def warm_http() -> None:
     """Run, once in this process, the imports that httpx, httpcore and anyio make lazily on a client's first
     request (the anyio backend, httpcore's pool): a worker pool calls this before forking, so each work-horse
-    inherits them instead of importing them again per job (issue 13: ~18 % of a horse's CPU against a fast server).
+    inherits them instead of importing them again per job (~18 % of a horse's CPU against a fast server).
     Tries one connection to a closed local port (refused at once); nothing is sent anywhere."""
     import socket
 

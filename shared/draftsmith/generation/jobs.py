@@ -100,7 +100,7 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: LeaseBroker, 
 
 class ShardWriter:
     """Writes a job's finished records as they complete: every ``flush_s`` seconds and once more when the job ends
-    (normally, on an error, or on rq's job timeout), so finished answers are never lost with the batch (issue 12).
+    (normally, on an error, or on rq's job timeout), so finished answers are never lost with the batch.
 
     Raises (from :meth:`flush`):
         DiskSpaceError: the disk is full; the answers not written are counted in the message (they are
@@ -155,7 +155,7 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
     """Answer ``prompts``; each finished record goes to ``writer``. Returns the number of transient failures."""
     g = s.generation
     cap = InflightCap(rc, s.redis.prefix, g.concurrency, stage="generate")
-    broker = LeaseBroker(cap)  # the requests' leases, one Redis round trip per tick (issue 13)
+    broker = LeaseBroker(cap)  # the requests' leases, one Redis round trip per tick
     progress = ProgressBoard(rc, s.redis.prefix, run_root)
     progress.start_if_unset()
     board = progress.tally()  # counted here, written with the shards (not a round trip per request)
@@ -234,7 +234,7 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
     s = Settings.model_validate(settings)
     root = Path(run_root)
     records_dir = root / "records"
-    prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed (issue 13)
+    prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed
     done = done_index(records_dir)
     todo = prompts.get([i for i in prompt_ids if i not in done])
     skipped = len(prompt_ids) - len(todo)

@@ -63,7 +63,7 @@ class ProgressBoard:
 
 class ProgressTally:
     """Counters kept in the process and added to a :class:`ProgressBoard` in one round trip by :meth:`flush`
-    (issue 13: a Redis transaction per request cost the pool more than the request itself against a fast server).
+    (a Redis transaction per request cost the pool more than the request itself against a fast server).
     Thread-safe: the job's requests count on the event loop, the shard writer flushes from a thread."""
 
     def __init__(self, board: ProgressBoard) -> None:

@@ -1,4 +1,4 @@
-"""Per-process caches of a run, so a generation job's fixed cost does not grow with the run (issue 13).
+"""Per-process caches of a run, so a generation job's fixed cost does not grow with the run.
 
 - :class:`PromptIndex`: byte offset of every prompt in ``prompts.jsonl``, built once per version of the file (the
   file is replaced atomically by ``enqueue``, so a new inode means a new version). A job reads only its own lines.

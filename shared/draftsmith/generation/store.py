@@ -100,7 +100,7 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
         except BaseException:
             shard.unlink(missing_ok=True)
             raise
-        # the journal: one appended line, so no writer or reader re-reads every sidecar (issue 13); a line lost to
+        # the journal: one appended line, so no writer or reader re-reads every sidecar; a line lost to
         # a crash right here is restored by the next `rebuild_manifest` (enqueue), the sidecar being the truth
         line = (json.dumps({k: meta[k] for k in _JOURNAL_KEYS}) + "\n").encode()
         fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -168,10 +168,10 @@ class LeaseBroker:
     :meth:`InflightCap.exchange`; when the cap is full it polls, first after ``poll_s`` seconds, then
     twice as long each time nothing is granted, up to ``max_poll_s`` (a release of its own job or a new request
     cuts the wait short). Against a fast server
-    this replaces two round trips per request (issue 13: they cost the pool more than the request itself) by one per
+    this replaces two round trips per request (they cost the pool more than the request itself) by one per
     tick, and the event loop never waits on Redis. A lease released while another request of the job waits goes
     to that request at once, as a semaphore would hand it on (against vLLM CPU a lease that waited for the next
-    tick left the server's batch one request short; issue 13). Leases move between jobs only through Redis, so a
+    tick left the server's batch one request short). Leases move between jobs only through Redis, so a
     job keeps what it holds while it has requests waiting, and the cap stays the one limit. The cap, the leases,
     their owners and their renewal are :class:`InflightCap`'s, unchanged.
 

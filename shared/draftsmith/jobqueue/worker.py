@@ -2,7 +2,7 @@
 
 - The scheduler child (rq forks one per worker that wins the scheduler lock) dies with its worker: it asks the
   kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``) and checks its parent at every heartbeat, then
-  releases the lock. Without this a SIGKILLed worker left its scheduler running under PID 1 (issue 12).
+  releases the lock. Without this a SIGKILLed worker left its scheduler running under PID 1.
 - A work-horse that dies without cleaning up (SIGKILL, OOM) has its in-flight leases returned and its live
   metric values dropped by the worker that forked it, at once.
 - A full disk under a job's run folder stops the worker taking work: the job goes back to the front of its queue,
@@ -127,10 +127,10 @@ class DraftsmithWorker(Worker):
         try:
             from draftsmith.generation.runcache import warm
 
-            warm((job.kwargs or {}).get("run_root") or "")  # read once here, inherited by the horse (issue 13)
+            warm((job.kwargs or {}).get("run_root") or "")  # read once here, inherited by the horse
         except (OSError, ValueError, KeyError) as e:
             log.warning("job %s: run caches not warmed (%s); the job reads the run itself", job.id, e)
-        gc.freeze()  # the horse's collector leaves the inherited heap alone: no copy-on-write of its pages (issue 13)
+        gc.freeze()  # the horse's collector leaves the inherited heap alone: no copy-on-write of its pages
         super().execute_job(job, queue)
         flag = self.connection.getdel(self._disk_full_key)  # set by the work-horse (see handle_exception)
         if flag:
