@@ -58,7 +58,7 @@ def test_jobs_failed_for_good_show_failed_with_the_reason(tmp_path, redis_url):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)  # a real rq worker
     line = _status(tmp_path, redis_url)
     assert line.startswith("generation: [failed] 0/8 done"), line
-    assert "8 prompts in 2 jobs failed for good: TypeError" in line and "(2 jobs)" in line
+    assert "8 prompts failed for good in 2 jobs: TypeError" in line and "(2 jobs)" in line
     assert "ETA -" in line and "-> fix the cause, then `draftsmith enqueue --run t` re-enqueues" in line
 
 
@@ -72,8 +72,8 @@ def test_no_record_for_long_with_work_queued_is_stalled(tmp_path, redis_url):
     _enqueue(client, root, ["p0", "p1"], bad=False)  # queued, and no worker takes it
     line = _status(tmp_path, redis_url)
     assert line.startswith("generation: [stalled] 0/8 done"), line
-    assert "no new record for 9" in line and "0 jobs started and 1 queued" in line and "ETA -" in line
-    assert "check that workers run" in line
+    assert "no new record for 9" in line and "missing 8: 2 queued, 6 in no job" in line and "ETA -" in line
+    assert "check that workers run" in line and "`draftsmith enqueue --run t` re-enqueues" in line
     board.set(last_result_at=repr(time.time()))  # a fresh result: running again, with its ETA
     assert _status(tmp_path, redis_url).startswith("generation: [running] 0/8 done")
 
@@ -83,7 +83,8 @@ def test_nothing_queued_and_prompts_missing_says_enqueue_again(tmp_path, redis_u
     root = _run(tmp_path)
     ProgressBoard(client, PREFIX, root).set(phase="running", total=8, done_at_start=0, started_at=repr(time.time()))
     line = _status(tmp_path, redis_url)
-    assert line.startswith("generation: [stalled] 0/8 done") and "8 prompts without a record and no job" in line
+    assert line.startswith("generation: [stalled] 0/8 done"), line
+    assert "missing 8: 8 in no job; no job is queued or running -> `draftsmith enqueue --run t`" in line
 
 
 def test_full_disk_is_stalled_not_running(tmp_path, redis_url):

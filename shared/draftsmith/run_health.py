@@ -19,13 +19,46 @@ STALL_MIN_S = 300.0  # no new record for this long (or 10 mean request latencies
 
 @dataclass
 class QueueHealth:
-    """What rq holds for one run: jobs queued, started and failed for good (with their prompts and last errors)."""
+    """Where the run's prompts without a record are, by the state of the job holding them
+    (:class:`~draftsmith.jobqueue.liveness.JobState`), counted from the same sources as the records: the run's
+    ``prompts.jsonl``, the record shards' sidecars (done) and rq's queue and registries (jobs).
 
-    queued: int = 0
-    started: int = 0
+    A prompt held by several jobs counts once, in its liveliest job; ``unassigned`` prompts are in no job at all.
+    ``failed_jobs`` / ``reasons`` describe the failed jobs that still hold a prompt without a record.
+    """
+
+    total: int = 0
+    done: int = 0
+    waiting: int = 0
+    dequeued: int = 0
+    running: int = 0
+    retry: int = 0
+    orphaned: int = 0
+    failed: int = 0
+    unassigned: int = 0
+    jobs: Counter = field(default_factory=Counter)  # JobState value -> jobs holding a missing prompt
     failed_jobs: int = 0
-    failed_prompts: int = 0
     reasons: Counter = field(default_factory=Counter)
+
+    @property
+    def missing(self) -> int:
+        """Prompts without a record."""
+        return self.total - self.done
+
+    @property
+    def pending(self) -> int:
+        """Prompts that a live job will still answer (waiting, dequeued, running or scheduled for a retry)."""
+        return self.waiting + self.dequeued + self.running + self.retry
+
+    def line(self) -> str:
+        """``missing 12: 8 queued, 3 running, 1 failed for good``; empty when nothing is missing."""
+        if not self.missing:
+            return ""
+        parts = [f"{n} {label}" for n, label in (
+            (self.waiting, "queued"), (self.dequeued, "being started"), (self.running, "running"),
+            (self.retry, "to be retried"), (self.orphaned, "held by a worker that is gone"),
+            (self.failed, "failed for good"), (self.unassigned, "in no job")) if n]
+        return f"missing {self.missing}: " + ", ".join(parts)
 
 
 @dataclass
@@ -54,38 +87,37 @@ def _last_error_line(job) -> str:
 
 
 def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
-    """Read the generation queue's registries for the jobs of the run at ``run_root``.
+    """Count where the run's prompts without a record are (:class:`QueueHealth`).
 
     Raises:
         redis.RedisError: Redis stopped answering while reading.
+        DataError: a shard sidecar is unreadable.
     """
-    from rq.registry import FailedJobRegistry, StartedJobRegistry
-    from rq.serializers import JSONSerializer
+    from draftsmith.generation.enqueue import of_run
+    from draftsmith.generation.store import done_ids, load_prompts
+    from draftsmith.jobqueue.liveness import JobState, census
+    from draftsmith.jobqueue.queues import get_queue
 
-    from draftsmith.jobqueue.queues import fetch_job, get_queue
-
-    q = get_queue(client, prefix, "generate")
-    want = str(Path(run_root).resolve())
-    out = QueueHealth()
-
-    def mine(jid: str):
-        job = fetch_job(client, jid)
-        if job is None:
-            return None
-        kw = job.kwargs or {}
-        return job if str(Path(kw.get("run_root", "")).resolve()) == want else None
-
-    out.queued = sum(1 for jid in q.get_job_ids() if mine(jid) is not None)
-    started = StartedJobRegistry(q.name, connection=client, serializer=JSONSerializer)
-    out.started = sum(1 for jid in started.get_job_ids(cleanup=False) if mine(jid) is not None)
-    failed = FailedJobRegistry(q.name, connection=client, serializer=JSONSerializer)
-    for jid in failed.get_job_ids(cleanup=False):
-        job = mine(jid)
-        if job is None:
-            continue
-        out.failed_jobs += 1
-        out.failed_prompts += len((job.kwargs or {}).get("prompt_ids", []))
-        out.reasons[_last_error_line(job)] += 1
+    root = Path(run_root)
+    prompts = set(load_prompts(root / "prompts.jsonl"))
+    done = done_ids(root / "records") & prompts
+    missing = prompts - done
+    out = QueueHealth(total=len(prompts), done=len(done))
+    jobs = census(get_queue(client, prefix, "generate"), keep=of_run(root))
+    order = (JobState.RUNNING, JobState.DEQUEUED, JobState.WAITING, JobState.RETRY, JobState.ORPHANED,
+             JobState.FAILED)
+    for state in order:
+        for job in jobs.of(state):
+            held = missing.intersection((job.kwargs or {}).get("prompt_ids", []))
+            if not held:
+                continue
+            missing -= held
+            setattr(out, state.value, getattr(out, state.value) + len(held))
+            out.jobs[state.value] += 1
+            if state is JobState.FAILED:
+                out.failed_jobs += 1
+                out.reasons[_last_error_line(job)] += 1
+    out.unassigned = len(missing)
     return out
 
 
@@ -114,21 +146,21 @@ def diagnose(snap, health: QueueHealth | None, progress: dict[str, str], run_roo
                        f"free some space or move runs_dir to a bigger disk, then {again}")
     if health is None:
         return None
-    pending = health.queued + health.started
-    if health.failed_jobs and not pending:
+    if health.failed and not health.pending:
         top = ", ".join(f"{r} ({n} jobs)" if n > 1 else r for r, n in health.reasons.most_common(2))
-        return Verdict("failed", f"{health.failed_prompts} prompts in {health.failed_jobs} jobs failed for good: "
-                       f"{top}; nothing is queued or running", f"fix the cause, then {again}")
+        more = (f"; {health.orphaned + health.unassigned} more in no live job" if health.orphaned
+                or health.unassigned else "")
+        return Verdict("failed", f"{health.failed} prompts failed for good in {health.failed_jobs} jobs: {top}; "
+                       f"nothing is queued or running{more}", f"fix the cause, then {again}")
+    if (health.orphaned or health.unassigned) and not health.pending:
+        return Verdict("stalled", f"{health.line()}; no job is queued or running",
+                       f"{again} (a job whose worker is gone is requeued)")
     last = max((float(progress[k]) for k in ("last_result_at", "started_at") if k in progress), default=None)
-    if pending and last is not None:
+    if health.pending and last is not None:
         stall_s = max(STALL_MIN_S, 10 * (snap.mean_latency_s or 0.0))
         age = now - last
         if age > stall_s:
-            return Verdict("stalled", f"no new record for {age:.0f} s with {health.started} jobs started and "
-                           f"{health.queued} queued ({health.failed_jobs} failed for good)",
-                           "check that workers run (`draftsmith worker`) and the target answers; jobs of dead "
-                           "workers go back to the queue when rq's job timeout expires")
-    if not pending and not health.failed_jobs and progress:
-        return Verdict("stalled", f"{missing} prompts without a record and no job queued or running",
-                       f"{again}")
+            return Verdict("stalled", f"no new record for {age:.0f} s; {health.line()}",
+                           "check that workers run (`draftsmith worker`) and the target answers"
+                           + (f"; {again}" if health.orphaned or health.unassigned else ""))
     return None

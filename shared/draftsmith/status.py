@@ -30,9 +30,11 @@ class RunStatus:
 
 
 def generation_line(s: Settings, client, snap, run_root: Path) -> tuple[str, bool]:
-    """Generation's status line: the progress line, unless rq's registries, the age of the last result or the free
-    disk say the run failed or stalled (then that phase, no ETA, the reason and the fix:
-    :func:`draftsmith.run_health.diagnose`). Returns the line and whether nothing will change without the user."""
+    """Generation's status line: the progress line and where the prompts without a record are (queued, running,
+    to be retried, failed for good, held by a worker that is gone, in no job: :class:`~draftsmith.run_health.
+    QueueHealth`), unless rq's registries, the age of the last result or the free disk say the run failed or
+    stalled (then that phase, no ETA, the reason and the fix: :func:`draftsmith.run_health.diagnose`). Returns the
+    line and whether nothing will change without the user."""
     import dataclasses
 
     import redis
@@ -52,9 +54,12 @@ def generation_line(s: Settings, client, snap, run_root: Path) -> tuple[str, boo
         return f"{dataclasses.replace(snap, phase=verdict.phase, eta_s=None).line()} | {verdict.line()}", \
             verdict.phase == "failed"
     line = snap.line()
-    if health is not None and health.failed_jobs:
-        reason, _ = health.reasons.most_common(1)[0]
-        line += f" | {health.failed_prompts} prompts failed for good so far ({reason})"
+    if health is not None and health.missing:
+        line += f" | {health.line()}"
+        if health.failed_jobs:
+            line += f" (last error: {health.reasons.most_common(1)[0][0]})"
+        if health.orphaned or health.unassigned:
+            line += f" -> `draftsmith enqueue --run {s.run}` requeues what no live job holds"
     return line, False
 
 

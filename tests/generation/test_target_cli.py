@@ -45,6 +45,9 @@ def test_serve_answers_then_stops_on_ctrl_c(embedded_target, cache_dir, tmp_path
             if line.startswith("target ready:"):
                 break
         assert lines and lines[-1].startswith(f"target ready: http://127.0.0.1:{port}"), "".join(lines[-20:])
+        bound = {c.laddr.ip for p in psutil.Process(proc.pid).children(recursive=True)
+                 for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        assert bound == {"127.0.0.1"}  # this host only, unless --host says otherwise
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
             "model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Say hi."}],
             "max_tokens": 4, "temperature": 0})

@@ -2,7 +2,9 @@
 
 Everything pending is derived from disk (``prompts.jsonl`` and the record shards), so running ``enqueue`` again
 after a Redis flush or a crash rebuilds the queue and loses nothing. Job ids are a hash of the run folder and the
-batch's prompt ids: enqueueing twice creates no duplicate work.
+batch's prompt ids: enqueueing twice creates no duplicate work. An existing job id is not trusted: a job whose
+worker is gone (killed after it dequeued or started the job) is requeued at once
+(:mod:`draftsmith.jobqueue.liveness`), so a resume never waits on rq's maintenance.
 """
 
 from __future__ import annotations
@@ -10,27 +12,24 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rq import Retry
-from rq.job import JobStatus
-from rq.registry import DeferredJobRegistry, ScheduledJobRegistry, StartedJobRegistry
-from rq.serializers import JSONSerializer
 
 from draftsmith.config import Settings
 from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
 from draftsmith.generation.store import done_ids, load_prompts, rebuild_manifest, sweep_records
+from draftsmith.jobqueue.liveness import ALIVE, JobState, census, requeue_orphan, settle
 from draftsmith.jobqueue.queues import fetch_job
 from draftsmith.paths import RunPaths, atomic_write_text
 
 JOB_FUNC = "draftsmith.generation.jobs.generate_job"
 RESULT_TTL_S = 3600  # a finished job's result is read by nobody: disk is the truth; keep it an hour for debugging
-ACTIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
 
 
 @dataclass
@@ -42,6 +41,7 @@ class EnqueueReport:
     total: int = 0
     done: int = 0
     queued_already: int = 0
+    requeued: int = 0
     pending: int = 0
     jobs: list[str] = field(default_factory=list)
     skipped_rows: dict[str, int] = field(default_factory=dict)
@@ -87,21 +87,25 @@ def job_settings(s: Settings) -> dict[str, Any]:
     return out
 
 
-def active_prompt_ids(queue, run_root: Path) -> set[str]:
-    """Prompt ids held by jobs of this run that are queued, running, scheduled or deferred."""
-    conn, ids = queue.connection, set()
-    job_ids = set(queue.get_job_ids())
-    for reg in (StartedJobRegistry, ScheduledJobRegistry, DeferredJobRegistry):
-        job_ids.update(reg(queue.name, connection=conn, serializer=JSONSerializer).get_job_ids(cleanup=False))
+def of_run(run_root: Path) -> Callable[[Any], bool]:
+    """Predicate: the job belongs to the run at ``run_root`` (its ``run_root`` keyword argument)."""
     want = str(Path(run_root).resolve())
-    for jid in sorted(job_ids):
-        job = fetch_job(conn, jid)
-        if job is None or job.get_status(refresh=False) not in ACTIVE:
-            continue
-        kw = job.kwargs or {}
-        if str(Path(kw.get("run_root", "")).resolve()) == want:
-            ids.update(kw.get("prompt_ids", []))
-    return ids
+    return lambda job: str(Path((job.kwargs or {}).get("run_root", "")).resolve()) == want
+
+
+def prompt_ids(jobs: Iterable[Any]) -> set[str]:
+    """The prompts that generation ``jobs`` hold (their ``prompt_ids`` keyword arguments), as one set."""
+    out: set[str] = set()
+    for job in jobs:
+        out.update((job.kwargs or {}).get("prompt_ids", []))
+    return out
+
+
+def active_prompt_ids(queue, run_root: Path) -> set[str]:
+    """Prompt ids held by this run's jobs that are alive: waiting, running on a live worker, just dequeued, or
+    scheduled for a retry (:func:`draftsmith.jobqueue.liveness.census`); a dead worker's job is not counted."""
+    jobs = census(queue, keep=of_run(run_root))
+    return prompt_ids(job for state, job in jobs.jobs.values() if state in ALIVE)
 
 
 def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int, dry_run: bool = False,
@@ -165,7 +169,15 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         existing = merged
     queue = get_queue(client, s.redis.prefix, "generate")
     report.queue = queue.name
-    active = active_prompt_ids(queue, paths.root)
+    jobs = settle(queue, keep=of_run(paths.root))
+    orphans = jobs.of(JobState.ORPHANED)
+    for job in orphans:
+        requeue_orphan(queue, job)
+    if orphans:
+        report.requeued = len(orphans)
+        say(f"Requeued {len(orphans)} job(s) of {len(prompt_ids(orphans))} prompts whose worker is gone "
+            "(killed after it took them)")
+    active = prompt_ids(orphans) | prompt_ids(job for state, job in jobs.jobs.values() if state in ALIVE)
     pending = [i for i in wanted if i not in active]
     report.total = len(existing)
     report.done = len(done & set(existing))
@@ -185,9 +197,9 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         jid = job_id_for(paths.root, ids)
         old = fetch_job(client, jid)
         if old is not None:
-            if old.get_status(refresh=False) in ACTIVE:
+            if jid in jobs.jobs and jobs.jobs[jid][0] in ALIVE:
                 continue
-            old.delete()
+            old.delete()  # finished, failed for good, or gone with its worker: its pending prompts run again
         queue.enqueue(
             JOB_FUNC, job_id=jid, retry=retry, job_timeout=s.generation.job_timeout_s, result_ttl=RESULT_TTL_S,
             failure_ttl=30 * 86400, description=f"generate {len(ids)} prompts for {paths.run}",

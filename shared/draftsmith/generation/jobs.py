@@ -264,7 +264,8 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
     log.info("job %s: %d records in %.1f s (%d duplicates dropped, %d transient failures)", job_id,
              writer.written, time.time() - t0, writer.dropped, failed)
     if failed:
-        raise TransientFailures(f"{failed} prompt(s) failed after every retry; the job will be retried for them")
+        # rq decides whether the job runs again (its Retry), so the message does not promise it
+        raise TransientFailures(f"{failed} prompt(s) failed after every retry of their requests")
     return {"shard": writer.shards[0] if writer.shards else None, "shards": writer.shards,
             "written": writer.written, "duplicates_dropped": writer.dropped, "skipped_done": skipped,
             "transient_failures": failed}

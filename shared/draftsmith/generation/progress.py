@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from draftsmith.generation.store import done_ids, load_prompts
+from draftsmith.generation.store import load_prompts, record_tally
 
 
 def progress_key(prefix: str, run_root: Path) -> str:
@@ -103,8 +103,8 @@ class ProgressSnapshot:
     phase: str
     total: int
     done: int
-    errors: int
-    errors_by_reason: dict[str, int] = field(default_factory=dict)
+    errors: int  # records of permanent errors on disk (part of ``done``)
+    errors_by_reason: dict[str, int] = field(default_factory=dict)  # failed requests, retries included (Redis)
     req_per_s: float | None = None
     out_tok_per_s: float | None = None
     in_flight: int = 0
@@ -121,7 +121,8 @@ class ProgressSnapshot:
 
         errs = ", ".join(f"{k}={v}" for k, v in sorted(self.errors_by_reason.items()))
         return (
-            f"[{self.phase}] {self.done}/{self.total} done ({self.errors} errors{': ' + errs if errs else ''}), "
+            f"[{self.phase}] {self.done}/{self.total} done ({self.errors} error records"
+            f"{'; failed requests: ' + errs if errs else ''}), "
             f"{f(self.req_per_s, '.2f')} req/s, {f(self.out_tok_per_s, '.1f')} out tok/s, "
             f"in flight {self.in_flight}, mean latency {f(self.mean_latency_s, '.1f')} s, "
             f"avg completion {f(self.mean_completion_tokens, '.0f')} tokens, elapsed {_hms(self.elapsed_s)}, "
@@ -153,11 +154,12 @@ def snapshot(client: redis.Redis | None, prefix: str, run_root: Path) -> Progres
             in_flight = InflightCap(client, prefix, 1, 0).in_flight()
         except redis.RedisError:
             h = {}
-    done_disk = len(done_ids(run_root / "records"))
+    done_ids, error_records = record_tally(run_root / "records")
+    done_disk = len(done_ids)
     if not h:
         total = len(load_prompts(run_root / "prompts.jsonl"))
         phase = "done" if total and done_disk >= total else ("idle" if total else "empty")
-        return ProgressSnapshot(phase=phase, total=total, done=done_disk, errors=0, source="disk",
+        return ProgressSnapshot(phase=phase, total=total, done=done_disk, errors=error_records, source="disk",
                                 in_flight=in_flight)
     total = int(h.get("total", 0))
     errors = {k[4:]: int(v) for k, v in h.items() if k.startswith("err:")}
@@ -179,7 +181,7 @@ def snapshot(client: redis.Redis | None, prefix: str, run_root: Path) -> Progres
     if total and done_disk >= total:
         phase = "done"
     return ProgressSnapshot(
-        phase=phase, total=total, done=done_disk, errors=sum(errors.values()), errors_by_reason=errors,
+        phase=phase, total=total, done=done_disk, errors=error_records, errors_by_reason=errors,
         req_per_s=req_s, out_tok_per_s=tok_s, in_flight=in_flight,
         mean_latency_s=lat / ok if ok else None, mean_completion_tokens=tokens / ok if ok else None,
         elapsed_s=elapsed, eta_s=eta,

@@ -43,17 +43,34 @@ def _meta_files(records_dir: Path) -> list[Path]:
 
 
 def done_ids(records_dir: Path) -> set[str]:
-    """Ids of prompts that have a record (ok or permanent error) in any shard."""
+    """Ids of prompts that have a record (ok or permanent error) in any shard.
+
+    Raises:
+        DataError: a shard sidecar is unreadable (the message names it and the fix).
+    """
+    return record_tally(records_dir)[0]
+
+
+def record_tally(records_dir: Path) -> tuple[set[str], int]:
+    """The prompts that have a record and how many of those records are permanent errors (``status: error``),
+    both read from the shard sidecars (the source of truth for what is done).
+
+    Raises:
+        DataError: a shard sidecar is unreadable (the message names it and the fix).
+    """
     ids: set[str] = set()
+    errors = 0
     if not records_dir.is_dir():
-        return ids
+        return ids, errors
     for meta in _meta_files(records_dir):
         try:
-            ids.update(artifact.read_sidecar(meta)["ids"])
+            side = artifact.read_sidecar(meta)
+            ids.update(side["ids"])
         except (OSError, ValueError, KeyError) as e:
             raise DataError(f"shard sidecar {meta} is unreadable ({e})",
                             "remove it and its .jsonl shard; those prompts will be regenerated") from e
-    return ids
+        errors += int(side.get("count", len(side["ids"]))) - int(side.get("ok", side.get("count", 0)))
+    return ids, errors
 
 
 def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> tuple[Path | None, int]:

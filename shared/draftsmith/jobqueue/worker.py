@@ -4,7 +4,7 @@
   kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``) and checks its parent at every heartbeat, then
   releases the lock. Without this a SIGKILLed worker left its scheduler running under PID 1.
 - A work-horse that dies without cleaning up (SIGKILL, OOM) has its in-flight leases returned and its live
-  metric values dropped by the worker that forked it, at once.
+  metric values dropped by the worker that forked it, at once; a work-horse whose worker dies dies with it.
 - A full disk under a job's run folder stops the worker taking work: the job goes back to the front of its queue,
   one line says what to do, and the worker exits (the pool then stops; the run stays resumable).
 """
@@ -115,6 +115,7 @@ class DraftsmithWorker(Worker):
 
     def execute_job(self, job, queue):
         """Run ``job`` in a work-horse unless the disk of its run folder is full (then stop taking work)."""
+        self._worker_pid = os.getpid()
         try:
             check_job_disk(job)
         except DiskSpaceError as e:
@@ -139,6 +140,16 @@ class DraftsmithWorker(Worker):
             log.error("job %s stopped on a full disk; this worker stops taking work (the job is back at the front "
                       "of the queue)", job.id)
             self._stop_requested = True
+
+    def main_work_horse(self, job, queue):
+        """The work-horse's life: rq's, bound to its worker. A horse whose worker was killed would run on unseen
+        (no heartbeat names it), while ``enqueue`` rightly requeues the job of a worker that is gone: the horse
+        dies with its worker instead, so a job never runs twice at once (and the in-flight leases it held
+        expire)."""
+        die_with_parent(signal.SIGKILL)
+        if getattr(self, "_worker_pid", 0) and os.getppid() != self._worker_pid:
+            os._exit(1)  # the worker died between the fork and the prctl
+        return super().main_work_horse(job, queue)
 
     @property
     def _disk_full_key(self) -> str:
