@@ -271,6 +271,8 @@ class LiveAwareCollector:
 EXTRACT_SAMPLES = Counter(f"{NS}_extract_samples", "Samples whose features were written.", ["run"])
 EXTRACT_TOKENS = Counter(f"{NS}_extract_tokens", "Tokens whose features were written.", ["run"])
 EXTRACT_BYTES = Counter(f"{NS}_extract_bytes_written", "Bytes of feature shards written.", ["run"])
+EXTRACT_TARGET_LOADS = Counter(
+    f"{NS}_extract_target_loads", "Times an extraction worker loaded the target (once per worker is right).")
 EXTRACT_SKIPPED = Counter(
     f"{NS}_extract_skipped_samples", "Samples left out of the features, by reason (nonfinite).", ["run", "reason"]
 )

@@ -1,11 +1,12 @@
 """The rq job of extraction: one data shard in, one feature shard out. Jobs carry ids and paths, never tensors.
 
-``draftsmith worker --queues extract`` runs :func:`extract_job` (JSON serializer); ``draftsmith extract --sync``
-calls :func:`extract_shard` in-process.
+``draftsmith worker --queues extract`` runs :func:`extract_job` (JSON serializer) in resident workers, which keep
+the loaded target between shards; ``draftsmith extract --sync`` calls :func:`extract_shard` in-process.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -34,21 +35,28 @@ _EXTRACTORS: dict[tuple, Any] = {}
 def get_extractor(plan: ExtractPlan, settings) -> Any:
     """The backend object for a plan (cached per process): anything with ``extract(seqs) -> [SampleFeatures]``.
 
+    The cache lives as long as the process: in ``draftsmith extract --sync`` and in a resident extraction worker
+    (:class:`draftsmith.jobqueue.worker.ResidentWorker`) the target is loaded once for every shard.
+
     Raises:
         ModelError / EngineError: the backend cannot load the target.
     """
+    from draftsmith import metrics as M
+
     x = settings.extract
     key = (plan.backend, plan.target_dir, tuple(plan.layer_ids), x.device, plan.compute_dtype, x.batch_tokens)
     if key not in _EXTRACTORS:
+        log.info("loading target %s for extraction (backend %s, %s, %s; pid %d)", plan.target_dir, plan.backend,
+                 x.device, plan.compute_dtype, os.getpid())
         if plan.backend == "vllm":
             from draftsmith.features.vllm_backend import VLLMExtractor
 
             _EXTRACTORS[key] = VLLMExtractor.from_plan(plan, settings)
         else:
-            log.info("loading target %s for extraction (%s, %s)", plan.target_dir, x.device, plan.compute_dtype)
             _EXTRACTORS[key] = HFExtractor.load(
                 Path(plan.target_dir), plan.layer_ids, x.device, plan.compute_dtype, x.batch_tokens
             )
+        M.EXTRACT_TARGET_LOADS.inc()
     return _EXTRACTORS[key]
 
 

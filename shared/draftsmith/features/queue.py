@@ -23,29 +23,38 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
         shards: data shard indices to extract.
 
     Returns:
-        Ids of the jobs enqueued now (shards already queued or running are left alone).
+        Ids of the jobs enqueued now, requeued ones included (a job held by a worker that is gone is requeued
+        at once, :mod:`draftsmith.jobqueue.liveness`; shards whose job is alive are left alone).
 
     Raises:
         QueueError: Redis does not answer at ``redis.url``.
     """
     from rq import Queue
-    from rq.job import JobStatus
     from rq.serializers import JSONSerializer
 
+    from draftsmith.jobqueue.liveness import ALIVE, JobState, requeue_orphan, settle
     from draftsmith.jobqueue.queues import connect, fetch_job, queue_name
 
     conn = connect(settings.redis.url)
     q = Queue(queue_name(settings.redis.prefix, "extract"), connection=conn, serializer=JSONSerializer)
     dumped = settings.model_dump(mode="json")
+    wanted = {job_id(settings.run, shard) for shard in shards}
+    jobs = settle(q, keep=lambda job: job.id in wanted)
     ids = []
     for shard in shards:
         jid = job_id(settings.run, shard)
+        state, old = jobs.jobs.get(jid, (None, None))
+        if state is JobState.ORPHANED:  # its worker was killed holding it: back to the front, at once
+            requeue_orphan(q, old)
+            log.warning("shard %05d: job %s was held by a worker that is gone; requeued", shard, jid)
+            ids.append(jid)
+            continue
+        if state in ALIVE:
+            log.info("shard %05d already %s as job %s", shard, state.value, jid)
+            continue
         old = fetch_job(conn, jid)
         if old is not None:
-            if old.get_status() in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED):
-                log.info("shard %05d already %s as job %s", shard, old.get_status(), jid)
-                continue
-            old.delete()
+            old.delete()  # finished or failed for good: the shard's sidecar says whether it is done
         q.enqueue(JOB_FUNC, args=(run_dir, shard, dumped), job_id=jid,
                   job_timeout=settings.extract.job_timeout_s, result_ttl=7 * 86400, failure_ttl=7 * 86400,
                   description=f"extract {settings.run} shard {shard}")

@@ -106,6 +106,14 @@ def default_processes(s: Settings, stages: list[str]) -> int:
     return max(1, -(-s.generation.concurrency // s.generation.batch_size)) + 1
 
 
+def worker_class(stages: list[str]):
+    """The worker class for a pool over ``stages``: resident (jobs run in the worker process, so the extraction
+    target is loaded once per worker) for a pool that only extracts; forking (a work-horse per job) otherwise."""
+    from draftsmith.jobqueue.worker import DraftsmithWorker, ResidentWorker
+
+    return ResidentWorker if set(stages) == {"extract"} else DraftsmithWorker
+
+
 def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool = False,
              metrics_port: int | None = None, metrics_addr: str | None = None) -> None:
     """Run ``processes`` rq workers on the queues of ``stages`` until stopped (or, with ``burst``, until empty).
@@ -129,7 +137,6 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
     from draftsmith.generation.client import warm_http
     from draftsmith.jobqueue.inflight import InflightCap
     from draftsmith.jobqueue.queues import connect, get_queue
-    from draftsmith.jobqueue.worker import DraftsmithWorker
     from draftsmith.metrics import serve_metrics
 
     warm_http()  # TLS context and lazy imports done once here, inherited by every worker and work-horse
@@ -141,11 +148,16 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
     metrics_addr = metrics_addr or s.metrics.addr
     serve_metrics(port, addr=metrics_addr, extra=[QueueCollector(client, s.redis.prefix, stages)])
     queues = [get_queue(client, s.redis.prefix, st) for st in stages]
-    log.info("worker pool: %d process(es) on %s, in-flight cap %s, /metrics on %s (pid %d)", processes,
-             ", ".join(q.name for q in queues), s.generation.concurrency if "generate" in stages else "-",
+    log.info("worker pool: %d %s process(es) on %s, in-flight cap %s, /metrics on %s (pid %d)", processes,
+             "resident" if not worker_class(stages).forks else "forking", ", ".join(q.name for q in queues),
+             s.generation.concurrency if "generate" in stages else "-",
              f"{metrics_addr}:{port}" if port else "off", os.getpid())
+    if "extract" in stages and worker_class(stages).forks:
+        log.warning("extraction in a pool that also serves %s loads the target once per shard (forked "
+                    "work-horses); run `draftsmith worker --queues extract` on its own to load it once",
+                    ", ".join(st for st in stages if st != "extract"))
     pool = DraftsmithPool(queues, connection=client, num_workers=processes, serializer=JSONSerializer,
-                          worker_class=DraftsmithWorker)
+                          worker_class=worker_class(stages))
     t0 = time.time()
     try:
         pool.start(burst=burst, logging_level=s.log_level)

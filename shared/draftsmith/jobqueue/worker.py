@@ -18,7 +18,7 @@ import signal
 from pathlib import Path
 
 from rq.scheduler import RQScheduler
-from rq.worker import Worker
+from rq.worker import SimpleWorker, Worker
 
 from draftsmith.errors import DiskSpaceError
 from draftsmith.log import get_logger
@@ -74,10 +74,12 @@ class BoundScheduler(RQScheduler):
 MAINTENANCE_INTERVAL_S = 30
 
 
-class DraftsmithWorker(Worker):
-    """The worker class of draftsmith's pool (see the module docstring)."""
+class _DraftsmithWork:
+    """What every draftsmith worker adds to rq's (see the module docstring); mixed into a forking and a resident
+    worker class."""
 
     disk_full: str | None = None
+    forks = True
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("maintenance_interval", MAINTENANCE_INTERVAL_S)
@@ -106,13 +108,6 @@ class DraftsmithWorker(Worker):
         else:
             self.scheduler.start()
 
-    def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
-        """Return the dead horse's in-flight leases and drop its live metric values, then do rq's part."""
-        pid = retpid or self.horse_pid
-        if pid:
-            release_dead_process(self.connection, job, pid)
-        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
-
     def execute_job(self, job, queue):
         """Run ``job`` in a work-horse unless the disk of its run folder is full (then stop taking work)."""
         self._worker_pid = os.getpid()
@@ -131,7 +126,8 @@ class DraftsmithWorker(Worker):
             warm((job.kwargs or {}).get("run_root") or "")  # read once here, inherited by the horse
         except (OSError, ValueError, KeyError) as e:
             log.warning("job %s: run caches not warmed (%s); the job reads the run itself", job.id, e)
-        gc.freeze()  # the horse's collector leaves the inherited heap alone: no copy-on-write of its pages
+        if self.forks:
+            gc.freeze()  # the horse's collector leaves the inherited heap alone: no copy-on-write of its pages
         super().execute_job(job, queue)
         flag = self.connection.getdel(self._disk_full_key)  # set by the work-horse (see handle_exception)
         if flag:
@@ -140,16 +136,6 @@ class DraftsmithWorker(Worker):
             log.error("job %s stopped on a full disk; this worker stops taking work (the job is back at the front "
                       "of the queue)", job.id)
             self._stop_requested = True
-
-    def main_work_horse(self, job, queue):
-        """The work-horse's life: rq's, bound to its worker. A horse whose worker was killed would run on unseen
-        (no heartbeat names it), while ``enqueue`` rightly requeues the job of a worker that is gone: the horse
-        dies with its worker instead, so a job never runs twice at once (and the in-flight leases it held
-        expire)."""
-        die_with_parent(signal.SIGKILL)
-        if getattr(self, "_worker_pid", 0) and os.getppid() != self._worker_pid:
-            os._exit(1)  # the worker died between the fork and the prctl
-        return super().main_work_horse(job, queue)
 
     @property
     def _disk_full_key(self) -> str:
@@ -177,6 +163,66 @@ class DraftsmithWorker(Worker):
         if self.disk_full:
             raise SystemExit(DISK_FULL_EXIT)
         return result
+
+
+class DraftsmithWorker(_DraftsmithWork, Worker):
+    """The forking worker of draftsmith's pool: a fresh work-horse per job (generation: a job's memory and
+    connections die with it)."""
+
+    def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
+        """Return the dead horse's in-flight leases and drop its live metric values, then do rq's part."""
+        pid = retpid or self.horse_pid
+        if pid:
+            release_dead_process(self.connection, job, pid)
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+
+    def main_work_horse(self, job, queue):
+        """The work-horse's life: rq's, bound to its worker. A horse whose worker was killed would run on unseen
+        (no heartbeat names it), while ``enqueue`` rightly requeues the job of a worker that is gone: the horse
+        dies with its worker instead, so a job never runs twice at once (and the in-flight leases it held
+        expire)."""
+        die_with_parent(signal.SIGKILL)
+        if getattr(self, "_worker_pid", 0) and os.getppid() != self._worker_pid:
+            os._exit(1)  # the worker died between the fork and the prctl
+        return super().main_work_horse(job, queue)
+
+
+class ResidentWorker(_DraftsmithWork, SimpleWorker):
+    """A worker that runs its jobs in its own process, one after another (rq's ``SimpleWorker``), so what a job
+    loads and caches serves the next: the extraction target is loaded once per worker, not once per shard (a
+    forked work-horse took its cache to the grave with it: 5 shards, 5 loads; for a 600 GB target each load is
+    many minutes). A killed resident worker loses only the job it was running; the pool starts another, which
+    loads the target once.
+
+    rq's resident worker sends no heartbeat while a job runs (the forking one does, from its monitoring loop), so
+    a job longer than the liveness grace would look abandoned (:mod:`draftsmith.jobqueue.liveness`); a thread
+    here beats every ``job_monitoring_interval`` while a job runs.
+    """
+
+    forks = False
+
+    def execute_job(self, job, queue):
+        """Run ``job`` here, heartbeating from a thread until it ends."""
+        import threading
+
+        import redis
+
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.job_monitoring_interval):
+                try:
+                    self.heartbeat(self.job_monitoring_interval + 60)
+                except redis.RedisError as e:  # Redis away: the next beat tries again
+                    log.warning("worker %s: heartbeat not sent (%s)", self.name, e)
+
+        t = threading.Thread(target=beat, name="draftsmith-heartbeat", daemon=True)
+        t.start()
+        try:
+            super().execute_job(job, queue)
+        finally:
+            stop.set()
+            t.join()
 
 
 def requeue_at_front(queue, job) -> None:

@@ -1,0 +1,109 @@
+"""Extraction through the queue with one extractor worker, against the same backend extracting the same shards in
+one process.
+
+Baseline (in-process): load the target once (``get_extractor``), then ``extract_shard`` every data shard, as
+``draftsmith extract --sync`` does. Candidate (queue): ``enqueue_shards`` every shard on a Redis queue and run one
+``draftsmith worker --queues extract --processes 1 --burst``, timed from its start (its target load included, as
+the baseline's is) to its exit. Same random-token data (bench/extraction.py's ``write_data``), hf backend on CPU.
+
+Prints tokens/s of both, the number of times the worker loaded the target (its "loading target" log lines), then
+``RATIO extraction_queue <queue tok/s / in-process tok/s>`` (goal >= 0.9) and ``TARGET_LOADS <n>`` (goal: 1, the
+number of extractor workers).
+
+    .venv/bin/python bench/extraction_scale.py [--shards 8 --shard-samples 4 --length 128]
+
+Redis from ``DRAFTSMITH_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/14``; the database is flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+import torch
+from draftsmith.config import load_settings
+from draftsmith.features.jobs import extract_shard, get_extractor
+from draftsmith.features.plan import make_plan
+from draftsmith.features.queue import enqueue_shards
+from draftsmith.target.embedded import embedded_dir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from extraction import write_data  # noqa: E402  (the sibling benchmark's data writer)
+
+PREFIX = "dsbench-xs"
+
+
+def settings_for(runs: Path, target: Path, redis_url: str, batch_tokens: int):
+    return load_settings(overrides={"runs_dir": str(runs), "run": "b", "target": {"path": str(target)},
+                                    "redis": {"url": redis_url, "prefix": PREFIX},
+                                    "extract": {"batch_tokens": batch_tokens}})
+
+
+def in_process(runs: Path, target: Path, redis_url: str, batch_tokens: int) -> tuple[float, int]:
+    """Seconds to load the target and extract every shard here; tokens extracted."""
+    s = settings_for(runs, target, redis_url, batch_tokens)
+    t0 = time.perf_counter()
+    plan = make_plan(s, runs / "b")
+    x = get_extractor(plan, s)
+    tokens = sum(extract_shard(plan, i, x)["tokens"] for i in range(len(plan.shards)))
+    return time.perf_counter() - t0, tokens
+
+
+def through_queue(runs: Path, target: Path, redis_url: str, batch_tokens: int, threads: int) -> tuple[float, int, int]:
+    """Seconds for one extractor worker to load the target and extract every shard; tokens; target loads."""
+    s = settings_for(runs, target, redis_url, batch_tokens)
+    plan = make_plan(s, runs / "b")
+    enqueue_shards(s, str(runs / "b"), list(range(len(plan.shards))))
+    env = {**os.environ, "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": PREFIX,
+           "DRAFTSMITH_EXTRACT__BATCH_TOKENS": str(batch_tokens), "OMP_NUM_THREADS": str(threads)}
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "worker", "--queues", "extract", "--processes", "1",
+                        "--burst", "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=3600)
+    seconds = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"extractor worker failed ({p.returncode}):\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    tokens = sum(sum(e["lengths"]) for e in plan.shards)
+    done = len(list((runs / "b" / "features").glob("features-*.json")))
+    if done != len(plan.shards):
+        raise SystemExit(f"the worker extracted {done} of {len(plan.shards)} shards:\n{p.stdout[-3000:]}")
+    return seconds, tokens, (p.stdout + p.stderr).count("loading target")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--shard-samples", type=int, default=4)
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--batch-tokens", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    redis_url = os.environ.get("DRAFTSMITH_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+    redis.Redis.from_url(redis_url).flushdb()
+    target = embedded_dir(load_settings().target.cache_dir)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-extract-scale-"))
+    try:
+        for name in ("inproc", "queue"):
+            write_data(tmp / name / "b", target, a.shards * a.shard_samples, a.length, a.shard_samples)
+        t_in, tok_in = in_process(tmp / "inproc", target, redis_url, a.batch_tokens)
+        t_q, tok_q, loads = through_queue(tmp / "queue", target, redis_url, a.batch_tokens, a.threads)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        redis.Redis.from_url(redis_url).flushdb()
+    print(f"{a.shards} shards x {a.shard_samples} samples, {tok_in} tokens, hf backend on {a.threads} threads")
+    print(f"in-process (load + extract): {t_in:.1f} s, {tok_in / t_in:.0f} tok/s")
+    print(f"queue, one extractor worker (start + load + extract): {t_q:.1f} s, {tok_q / t_q:.0f} tok/s, "
+          f"target loads {loads}")
+    print(f"RATIO extraction_queue {(tok_q / t_q) / (tok_in / t_in):.3f}")
+    print(f"TARGET_LOADS {loads}")
+
+
+if __name__ == "__main__":
+    main()

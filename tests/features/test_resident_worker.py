@@ -1,0 +1,83 @@
+"""An extraction worker loads the target once for every shard it takes, and a killed one loses only its shard: real
+`draftsmith worker --queues extract` pools on a real Redis, the real SmolLM2 target (hf backend on CPU).
+
+Before: rq forked a work-horse per job and the loaded target died with it (5 shards, 5 "loading target" lines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import build_data
+from draftsmith.features.queue import enqueue_shards
+from draftsmith.jobqueue.liveness import HEARTBEAT_GRACE_S
+
+
+def _settings(make_settings, run_dir: Path, redis_url: str):
+    s = make_settings(run_dir)
+    return s.model_copy(update={"redis": s.redis.model_copy(update={"url": redis_url, "prefix": "dsres"})})
+
+
+def _pool(s, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "DRAFTSMITH_REDIS__URL": s.redis.url, "DRAFTSMITH_REDIS__PREFIX": s.redis.prefix}
+    return subprocess.Popen([sys.executable, "-m", "draftsmith", "worker", "--queues", "extract", "--processes", "1",
+                             "--metrics-port", "0", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _done(run_dir: Path) -> int:
+    return len(list((run_dir / "features").glob("features-*.json")))
+
+
+def test_one_target_load_serves_every_shard(tmp_path, embedded_target, make_settings, redis_url):
+    run_dir = tmp_path / "runs" / "t"
+    build_data(run_dir, embedded_target, shard_sizes=(1, 1, 1, 1, 1))
+    s = _settings(make_settings, run_dir, redis_url)
+    assert len(enqueue_shards(s, str(run_dir), list(range(5)))) == 5
+    p = _pool(s, "--burst")
+    out = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, out[-3000:]
+    assert _done(run_dir) == 5 and json.loads((run_dir / "features" / "manifest.json").read_text())["samples"] == 5
+    assert out.count("loading target") == 1, out[-3000:]
+    assert "1 resident process(es) on dsres:extract" in out
+
+
+@pytest.mark.slow
+def test_a_killed_extraction_worker_loses_only_its_shard(tmp_path, embedded_target, make_settings, redis_url):
+    """SIGKILL the resident worker while it extracts; the pool starts another, which loads the target once, and
+    `draftsmith extract` (run again, as `status` and the docs say) requeues the killed shard once its worker's
+    heartbeats stop."""
+    run_dir = tmp_path / "runs" / "t"
+    build_data(run_dir, embedded_target, shard_sizes=(1, 1, 1, 1))
+    s = _settings(make_settings, run_dir, redis_url)
+    enqueue_shards(s, str(run_dir), list(range(4)))
+    p = _pool(s)
+    try:
+        deadline = time.time() + 300
+        while _done(run_dir) < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert _done(run_dir) >= 1
+        (worker,) = psutil.Process(p.pid).children()
+        worker.kill()  # mid-shard or between shards: either way at most its current shard is lost
+        t_kill = time.time()
+        while time.time() - t_kill < HEARTBEAT_GRACE_S + 5 and _done(run_dir) < 4:
+            time.sleep(1)
+        requeued = enqueue_shards(s, str(run_dir), [i for i in range(4)
+                                                    if not (run_dir / "features" / f"features-{i:05d}.json").exists()])
+        deadline = time.time() + 300
+        while _done(run_dir) < 4 and time.time() < deadline:
+            time.sleep(0.5)
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        out = p.communicate(timeout=60)[0]
+    assert _done(run_dir) == 4, out[-3000:]
+    assert out.count("loading target") == 2, out[-3000:]  # the first worker, then its replacement: once each
+    assert len(requeued) <= 1
