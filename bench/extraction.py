@@ -7,12 +7,21 @@ best time of each counts. Also prints stored bytes per token against the arithme
 
     .venv/bin/python bench/extraction.py --samples 16 --length 128
 Last line: ``RATIO extraction <candidate tokens/s / baseline tokens/s>`` (goal >= 0.90).
+
+``--vllm``: the vllm backend against vLLM's own prefill of the same token ids. Baseline: ``LLM.generate`` of every
+sample with ``max_tokens=1`` (a prefill and one sampled token), no extraction configured. Candidate:
+``VLLMExtractor.extract`` (the same prefill with the ``extract_hidden_states`` method and draftsmith's connector,
+the files written and read back, the final norm applied). Each engine in a process of its own (one vLLM engine per
+process), same engine settings (eager, prefix caching off, float32 on a CPU without AMX), each timed best of
+``--repeats`` after one warm-up pass. Last line: ``RATIO extraction_vs_prefill <extraction tok/s / prefill tok/s>``
+(goal >= 0.9: extraction is a prefill plus copying out 4 hidden states per token).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import tempfile
 import time
@@ -50,6 +59,73 @@ def write_data(run_dir: Path, target: Path, samples: int, length: int, shard_sam
         "target_model": target.name, "max_length": length, "shards": shards, "config": {}})
 
 
+def _vllm_worker(mode: str, runs: Path, batch_tokens: int, repeats: int) -> None:
+    """In a fresh process: time ``mode`` (``prefill`` or ``extract``) over every data shard; prints one JSON line."""
+    import json
+
+    s = load_settings(overrides={"runs_dir": str(runs), "run": "b", "target": {"path": str(_target())},
+                                 "extract": {"batch_tokens": batch_tokens, "backend": "vllm"}})
+    plan = make_plan(s, runs / "b")
+    seqs = [q for e in plan.shards for q in read_data_shard(plan.data_dir, e)]
+    tokens = sum(q.numel() for q in seqs)
+    from draftsmith.features.vllm_backend import VLLMExtractor
+
+    if mode == "extract":
+        x = VLLMExtractor.from_plan(plan, s)
+        run = lambda: x.extract(seqs)  # noqa: E731
+    else:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from draftsmith.target.server import cpu_env
+
+        os.environ.update({k: v for k, v in cpu_env(kv_cache_gib=s.target.kv_cache_gib).items()
+                           if k.startswith(("VLLM_", "HF_", "TRANSFORMERS_", "DO_NOT"))})
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=plan.target_dir, dtype=plan.compute_dtype, enforce_eager=True,
+                  max_model_len=max(max(len(q) for q in seqs) + 8, 256), enable_prefix_caching=False, seed=0)
+        prompts = [{"prompt_token_ids": [int(t) for t in q]} for q in seqs]
+        run = lambda: llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)  # noqa: E731
+    run()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    print("RESULT " + json.dumps({"mode": mode, "tokens": tokens, "seconds": min(times)}), flush=True)
+
+
+def _target() -> Path:
+    return embedded_dir(load_settings().target.cache_dir)
+
+
+def vllm_main(a) -> None:
+    """``--vllm``: extraction through the vllm backend against vLLM's own prefill (see the module docstring)."""
+    import json
+    import subprocess
+    import sys
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-extract-vllm-"))
+    try:
+        write_data(tmp / "b", _target(), a.samples, a.length, a.shard_samples)
+        res = {}
+        for mode in ("prefill", "extract"):
+            p = subprocess.run([sys.executable, __file__, "--vllm-worker", mode, "--runs", str(tmp),
+                                "--batch-tokens", str(a.batch_tokens), "--repeats", str(a.repeats)],
+                               capture_output=True, text=True, timeout=3600)
+            line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if p.returncode != 0 or line is None:
+                raise SystemExit(f"{mode} failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-3000:]}")
+            res[mode] = json.loads(line[7:])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tps = {m: r["tokens"] / r["seconds"] for m, r in res.items()}
+    print(f"samples {a.samples}, tokens {res['prefill']['tokens']}, vLLM engine in-process, eager, "
+          f"best of {a.repeats}")
+    print(f"vLLM prefill (max_tokens=1): {tps['prefill']:8.1f} tokens/s ({res['prefill']['seconds']:.2f} s)")
+    print(f"vllm backend extraction:     {tps['extract']:8.1f} tokens/s ({res['extract']['seconds']:.2f} s)")
+    print(f"RATIO extraction_vs_prefill {tps['extract'] / tps['prefill']:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=16)
@@ -58,7 +134,14 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vllm", action="store_true", help="the vllm backend against vLLM's own prefill")
+    ap.add_argument("--vllm-worker", choices=["prefill", "extract"], help=argparse.SUPPRESS)
+    ap.add_argument("--runs", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.vllm_worker:
+        return _vllm_worker(a.vllm_worker, a.runs, a.batch_tokens, a.repeats)
+    if a.vllm:
+        return vllm_main(a)
     torch.set_num_threads(a.threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-extract-"))
     try:

@@ -206,6 +206,10 @@ class ExtractConfig(Section):
     job_timeout_s: int = Field(6 * 3600, ge=10, description="rq timeout of one extraction job, in seconds.")
     disk_margin: float = Field(1.1, ge=1.0, description="Required free disk = estimated feature bytes x this.")
     vllm_port: int = Field(0, ge=0, le=65535, description="Port of the vllm backend's own server (0 = a free one).")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="vllm backend: GPUs (or, on vLLM's CPU build, processes) the target is split over.")
+    enable_expert_parallel: bool = Field(
+        False, description="vllm backend: spread a MoE target's experts over the tensor-parallel ranks.")
 
 
 class TrainConfig(Section):

@@ -133,6 +133,10 @@ def test_cli_sync_extracts_and_resumes(data_run, embedded_target):
     p = run_cli(*args, env_extra=env)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "extracted 2/2 shards, 5 samples" in p.stdout
+    man = json.loads((data_run / "data/manifest.json").read_text())
+    tokens = sum(sum(e["lengths"]) for e in man["shards"])
+    # stated before any model loads: (3 aux + 1 final) x H=576 x 2 bytes (bf16) per token
+    assert f"feature store: {tokens * 4608 / 1e9:.2f} GB to write (4,608 B/token x {tokens:,} tokens)" in p.stdout
     assert json.loads((data_run / "features/manifest.json").read_text())["layer_ids"] == [2, 10, 20]
     p = run_cli(*args, env_extra=env)
     assert p.returncode == 0 and "nothing to do" in p.stdout
@@ -159,7 +163,7 @@ def test_bad_input_exits_2_and_writes_nothing(case, data_run, embedded_target):
         words = "no training data manifest"
     else:
         env["DRAFTSMITH_EXTRACT__DISK_MARGIN"] = "1e15"
-        words = "stream"
+        words = "DRAFTSMITH_TRAIN__FEATURES=stream"
     p = run_cli(*args, env_extra=env)
     assert p.returncode == 2, p.stderr[-2000:]
     assert words in p.stderr and "->" in p.stderr

@@ -119,7 +119,7 @@ def test_volumes_networks_and_files(compose, services):
 
 def test_every_variable_documented_and_used():
     text = COMPOSE.read_text()
-    used = interpolated_vars(text)
+    used = interpolated_vars(text) | interpolated_vars(COMPOSE_GPU.read_text())
     examples = env_example()
     assert used - set(examples) == set(), "variables used in compose.yaml but missing from .env.example"
     others = (REPO / "Makefile").read_text() + (REPO / "scripts/check-secrets.sh").read_text()
@@ -171,7 +171,15 @@ def test_gpu_reservations(services, tmp_path):
         assert merged[name]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
         assert services[name]["environment"]["TENSOR_PARALLEL_SIZE"] == "${TENSOR_PARALLEL_SIZE:-1}"
         assert services[name]["networks"]["draftsmith"]["aliases"] == ["target"]
-    assert merged["extractor"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 1
+    assert int(merged["extractor"]["deploy"]["resources"]["reservations"]["devices"][0]["count"]) == 1
+    # EXTRACT_GPUS reserves that many GPUs and splits the target over them (vLLM tensor parallel)
+    env8 = write_env(tmp_path, EXTRACT_GPUS="8", **GOOD_SECRETS)
+    out = subprocess.run([*_compose_cli(), "-f", str(COMPOSE), "-f", str(COMPOSE_GPU), "--env-file", str(env8),
+                          "config"], capture_output=True, text=True, env=clean, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    extractor = yaml.safe_load(out.stdout)["services"]["extractor"]
+    assert int(extractor["deploy"]["resources"]["reservations"]["devices"][0]["count"]) == 8  # a string after interpolation
+    assert extractor["environment"]["DRAFTSMITH_EXTRACT__TENSOR_PARALLEL_SIZE"] == "8"
     assert services["target-cpu"]["networks"]["draftsmith"]["aliases"] == ["target"]
 
 

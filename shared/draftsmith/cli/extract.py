@@ -39,11 +39,13 @@ def extract_cmd(
     pending = [i for i in range(len(plan.shards)) if read_sidecar(plan.features_dir, i) is None]
     need, free = check_disk(plan, pending, s.extract.disk_margin)
     log.info(
-        "extract %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done), "
-        "about %.2f GB to write, %.2f GB free",
+        "extract %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done)",
         run, plan.backend, plan.layer_ids, [i + 1 for i in plan.layer_ids], len(pending), len(plan.shards),
-        len(plan.shards) - len(pending), need / 1e9, free / 1e9,
+        len(plan.shards) - len(pending),
     )
+    typer.echo(f"feature store: {need / 1e9:.2f} GB to write ({plan.bytes_per_token():,} B/token x "
+               f"{sum(sum(plan.shards[i]['lengths']) for i in pending):,} tokens), {free / 1e9:.2f} GB free under "
+               f"{plan.features_dir}")
     paths.ensure(paths.features, paths.status)
     write_status(plan, paths.status, started_at=time.time())
     if not pending:

@@ -219,6 +219,8 @@ def check_disk(plan: ExtractPlan, pending: list[int], margin: float = 1.1) -> tu
         raise DiskSpaceError(
             f"features of {tokens:,} tokens need about {need / 1e9:.2f} GB ({plan.bytes_per_token()} B/token x "
             f"{margin} margin) but {probe} has {free / 1e9:.2f} GB free",
-            "free disk space, or let the trainer compute features on the fly (draftsmith.features.stream) instead",
+            "free disk space or point runs_dir at a bigger disk, or skip the store: train with streamed features "
+            "(`draftsmith train --run R` with DRAFTSMITH_TRAIN__FEATURES=stream computes them on the fly from the "
+            "target; docs/extraction.md, which mode fits which job)",
         )
     return need, free

@@ -48,6 +48,17 @@ def engine_configs(layer_ids: Sequence[int], num_layers: int, scratch: Path) -> 
     return spec, kv
 
 
+def rank_cpu_binding(ranks: int, cpus: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` tensor-parallel ranks of vLLM's CPU build on ``cpus`` cores:
+    each rank its own block of cores when there are enough (``"0-3|4-7"``), else the cores in turn (``"0|1|0"``
+    for 3 ranks on 2 cores, which vLLM accepts; ranks on one core take turns).
+    """
+    if cpus >= ranks:
+        per = cpus // ranks
+        return "|".join(f"{r * per}-{r * per + per - 1}" if per > 1 else str(r * per) for r in range(ranks))
+    return "|".join(str(r % cpus) for r in range(ranks))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm in float32: ``weight * x / sqrt(mean(x^2) + eps)``; ``x`` ``[T, H]``."""
     xf = x.float()
@@ -93,8 +104,12 @@ class VLLMExtractor:
         """
         from draftsmith.target.server import cpu_env
 
+        x = settings.extract
+        bind_set = "VLLM_CPU_OMP_THREADS_BIND" in os.environ
         os.environ.update({k: v for k, v in cpu_env(kv_cache_gib=settings.target.kv_cache_gib).items()
                            if k.startswith(("VLLM_", "HF_", "TRANSFORMERS_", "DO_NOT"))})
+        if x.tensor_parallel_size > 1 and not bind_set:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpu_binding(x.tensor_parallel_size, os.cpu_count() or 1)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: no spawn inside rq jobs
         try:
             from vllm import LLM
@@ -118,14 +133,20 @@ class VLLMExtractor:
         pin = {"attention_backend": "CPU_MLA"} if current_platform.is_cpu() and needs_reference_mla(
             Path(plan.target_dir), str(plan.compute_dtype).removeprefix("torch.")) else {}
         try:
+            parallel = {"tensor_parallel_size": x.tensor_parallel_size,
+                        "enable_expert_parallel": x.enable_expert_parallel}
+            if x.tensor_parallel_size > 1:
+                parallel["distributed_executor_backend"] = "mp"  # ranks in worker processes; the engine stays here
             llm = LLM(model=plan.target_dir, dtype=plan.compute_dtype, enforce_eager=True,
                       max_model_len=max(max_len, 256), enable_prefix_caching=False,
-                      speculative_config=spec, kv_transfer_config=kv, seed=0, **pin)
+                      speculative_config=spec, kv_transfer_config=kv, seed=0, **parallel, **pin)
         except Exception as e:  # vLLM raises many types at start-up; one user-facing error with the cause
             raise EngineError(f"vLLM could not start the extraction engine: {type(e).__name__}: {e}",
                               "see docs/extraction.md (vllm backend), or use --backend hf") from e
-        log.info("vLLM extraction engine ready in %.0f s (aux ids %s)", time.time() - t0,
-                 spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"])
+        log.info("vLLM extraction engine ready in %.0f s (aux ids %s, tensor parallel %d%s)", time.time() - t0,
+                 spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"],
+                 llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size,
+                 ", expert parallel" if x.enable_expert_parallel else "")
         return cls(llm, scratch, plan.layer_ids, load_final_norm(Path(plan.target_dir)),
                    float(cfg.get("rms_norm_eps", 1e-6)), int(cfg["hidden_size"]))
 
