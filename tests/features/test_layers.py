@@ -28,3 +28,31 @@ def test_bad_layer_ids(spec, words):
     with pytest.raises(ConfigError, match=words) as e:
         parse_layer_ids(spec, 30)
     assert "->" in str(e.value)  # the fix is in the message
+
+
+def test_final_norm_found_by_name_in_plain_and_wrapped_checkpoints(tmp_path):
+    """The vllm backend applies the target's final norm itself; Kimi-K2.5 wraps its text model as
+    ``language_model.model.*`` beside a vision tower, which two hard-coded names missed."""
+    import json
+
+    import torch
+    from draftsmith.features.vllm_backend import final_norm_key, load_final_norm
+    from safetensors.torch import save_file
+
+    plain = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.norm.weight", "lm_head.weight"]
+    kimi = ["language_model.model.layers.0.input_layernorm.weight", "language_model.model.layers.60.mlp.norm.weight",
+            "language_model.model.norm.weight", "language_model.lm_head.weight", "vision_tower.encoder.norm.weight",
+            "mm_projector.pre_norm.weight"]
+    assert final_norm_key(plain) == "model.norm.weight"
+    assert final_norm_key(kimi) == "language_model.model.norm.weight"
+    assert final_norm_key(["model.language_model.norm.weight", "model.visual.norm.weight"]) == \
+        "model.language_model.norm.weight"
+    assert final_norm_key(["model.layers.0.input_layernorm.weight"]) is None
+    # a sharded checkpoint: found through its weight index, read from the shard that holds it
+    save_file({"language_model.model.layers.0.input_layernorm.weight": torch.zeros(4)}, str(tmp_path / "a.safetensors"))
+    save_file({"language_model.model.norm.weight": torch.arange(4.0),
+               "vision_tower.encoder.norm.weight": torch.ones(4)}, str(tmp_path / "b.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "language_model.model.layers.0.input_layernorm.weight": "a.safetensors",
+        "language_model.model.norm.weight": "b.safetensors", "vision_tower.encoder.norm.weight": "b.safetensors"}}))
+    assert torch.equal(load_final_norm(tmp_path), torch.arange(4.0))
