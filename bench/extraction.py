@@ -38,14 +38,19 @@ from safetensors.torch import save_file
 
 
 def write_data(run_dir: Path, target: Path, samples: int, length: int, shard_samples: int, seed: int = 0) -> None:
-    """Random-token samples (lengths length/2..length) in the data format of formats.md §3."""
+    """Random-token samples (lengths length/2..length, ids below the target's vocabulary size) in the data format
+    of formats.md §3."""
+    import json
+
     g = torch.Generator().manual_seed(seed)
+    cfg = json.loads((target / "config.json").read_text())
+    vocab = int(cfg.get("text_config", cfg)["vocab_size"])  # ids of the target's own vocabulary
     data = run_dir / "data"
     data.mkdir(parents=True)
     shards = []
     for si in range(0, samples, shard_samples):
         lens = torch.randint(length // 2, length + 1, (min(shard_samples, samples - si),), generator=g).tolist()
-        ids = torch.randint(3, 49152, (sum(lens),), generator=g, dtype=torch.int32)
+        ids = torch.randint(3, vocab, (sum(lens),), generator=g, dtype=torch.int32)
         off = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
         f = data / data_artifact.shard_file(si // shard_samples)
         save_file({"input_ids": ids, "loss_mask": torch.ones(sum(lens), dtype=torch.uint8), "offsets": off}, str(f))

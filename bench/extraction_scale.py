@@ -11,6 +11,7 @@ Prints tokens/s of both, the number of times the worker loaded the target (its "
 number of extractor workers).
 
     .venv/bin/python bench/extraction_scale.py [--shards 8 --shard-samples 4 --length 128]
+        [--backend vllm --tensor-parallel-size 8 --target /models/Kimi-K2.5]   (scripts/gpu-check.sh)
 
 Redis from ``DRAFTSMITH_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/14``; the database is flushed).
 """
@@ -40,10 +41,13 @@ from extraction import write_data  # noqa: E402  (the sibling benchmark's data w
 PREFIX = "dsbench-xs"
 
 
+EXTRACT: dict = {}  # extra extract settings from the command line (backend, tensor parallel), for both sides
+
+
 def settings_for(runs: Path, target: Path, redis_url: str, batch_tokens: int):
     return load_settings(overrides={"runs_dir": str(runs), "run": "b", "target": {"path": str(target)},
                                     "redis": {"url": redis_url, "prefix": PREFIX},
-                                    "extract": {"batch_tokens": batch_tokens}})
+                                    "extract": {"batch_tokens": batch_tokens, **EXTRACT}})
 
 
 def in_process(runs: Path, target: Path, redis_url: str, batch_tokens: int) -> tuple[float, int]:
@@ -62,7 +66,8 @@ def through_queue(runs: Path, target: Path, redis_url: str, batch_tokens: int, t
     plan = make_plan(s, runs / "b")
     enqueue_shards(s, str(runs / "b"), list(range(len(plan.shards))))
     env = {**os.environ, "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": PREFIX,
-           "DRAFTSMITH_EXTRACT__BATCH_TOKENS": str(batch_tokens), "OMP_NUM_THREADS": str(threads)}
+           "DRAFTSMITH_EXTRACT__BATCH_TOKENS": str(batch_tokens), "OMP_NUM_THREADS": str(threads),
+           **{f"DRAFTSMITH_EXTRACT__{k.upper()}": str(v) for k, v in EXTRACT.items()}}
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "draftsmith", "worker", "--queues", "extract", "--processes", "1",
                         "--burst", "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=3600)
@@ -83,11 +88,18 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--batch-tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend: ranks (GPUs)")
+    ap.add_argument("--device", default="cpu", help="hf backend: torch device")
+    ap.add_argument("--target", type=Path, help="target checkpoint folder (default: the embedded SmolLM2)")
     a = ap.parse_args()
+    EXTRACT.update(backend=a.backend, device=a.device)
+    if a.tensor_parallel_size > 1:
+        EXTRACT["tensor_parallel_size"] = a.tensor_parallel_size
     torch.set_num_threads(a.threads)
     redis_url = os.environ.get("DRAFTSMITH_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
     redis.Redis.from_url(redis_url).flushdb()
-    target = embedded_dir(load_settings().target.cache_dir)
+    target = a.target or embedded_dir(load_settings().target.cache_dir)
     tmp = Path(tempfile.mkdtemp(prefix="bench-extract-scale-"))
     try:
         for name in ("inproc", "queue"):
@@ -97,7 +109,8 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         redis.Redis.from_url(redis_url).flushdb()
-    print(f"{a.shards} shards x {a.shard_samples} samples, {tok_in} tokens, hf backend on {a.threads} threads")
+    print(f"{a.shards} shards x {a.shard_samples} samples, {tok_in} tokens, {a.backend} backend "
+          f"({a.device if a.backend == 'hf' else f'tensor parallel {a.tensor_parallel_size}'}), {a.threads} threads")
     print(f"in-process (load + extract): {t_in:.1f} s, {tok_in / t_in:.0f} tok/s")
     print(f"queue, one extractor worker (start + load + extract): {t_q:.1f} s, {tok_q / t_q:.0f} tok/s, "
           f"target loads {loads}")
