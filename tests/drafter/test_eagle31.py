@@ -109,6 +109,7 @@ def test_norm_before_fc_and_fc_norm_are_refused_together(embedded_target):
 @pytest.mark.parametrize("flags", [{"norm_before_fc": True, "norm_output": True}, {}], ids=["on", "off"])
 def test_exports_carry_the_options_as_vllm_reads_them(embedded_target, tmp_path, flags):
     from transformers import AutoConfig
+    from vllm.transformers_utils.configs.eagle import EAGLEConfig
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 
     on = bool(flags)
@@ -124,7 +125,10 @@ def test_exports_carry_the_options_as_vllm_reads_them(embedded_target, tmp_path,
     pre = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(sp)))
     assert (pre["norm_before_fc"], pre["norm_output"], pre["fc_norm"]) == (on, on, False)
     # the eagle3 layout: llama_eagle3.py reads eagle_config's norm_before_fc, then the config's attribute
-    hf = AutoConfig.from_pretrained(str(e_dir))
+    # the eagle3 layout: vLLM wraps the checkpoint's config in its EAGLEConfig; llama_eagle3.py then reads
+    # eagle_config's norm_before_fc before the attribute, and the norm_output attribute
+    hf = EAGLEConfig(AutoConfig.from_pretrained(str(e_dir)), method="eagle3", model_type="eagle")
+    assert hf.architectures == ["LlamaForCausalLMEagle3"]
     assert bool((hf.eagle_config or {}).get("norm_before_fc", getattr(hf, "norm_before_fc", False))) is on
     assert getattr(hf, "norm_output", False) is on
     for d in (e_dir, s_dir):

@@ -89,7 +89,7 @@ def export_draft_config(layout: str, config: dict, target_path: Path | str) -> D
     """Drafter config of an export, re-derived from the target and checked against the export's fields.
 
     Raises:
-        ModelError: a field the engine reads differs from the target's.
+        ModelError: a field the engine reads differs from the target's, or both ``norm_before_fc`` and ``fc_norm``.
     """
     layer = layer_fields(config, layout)
     ids = aux_layer_ids(config)
@@ -153,7 +153,9 @@ def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = Fals
             tokens both vocabularies share (others keep their target-row init) instead of failing.
 
     Raises:
-        ModelError: layout, shape or hidden-size mismatch; another draft vocabulary without ``remap``.
+        ModelError: layout, shape or hidden-size mismatch; another draft vocabulary without ``remap``; norm options
+            (``norm_before_residual``, ``fc_norm``, ``norm_before_fc``, ``norm_output``, as vLLM reads them from
+            the export) other than the run's.
     """
     layout, config, weights = read_export(folder)
     ids = aux_layer_ids(config)

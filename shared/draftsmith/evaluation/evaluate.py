@@ -154,7 +154,9 @@ def offline_estimate(target: Path, drafter: Path, sets: list[EvalSet], k: int, m
     except ImportError as e:
         raise EngineError("the offline estimator (draftsmith.drafter.offline) is not available", "drop --offline") from e
     prompts = [[{"role": "user", "content": p.turns[0]}] for es in sets for p in es.prompts]
-    return estimate_acceptance(target, drafter, prompts, k, max_new_tokens)
+    out = estimate_acceptance(target, drafter, prompts, k, max_new_tokens)
+    out.pop("generated_ids")  # the report keeps figures, not every generated token
+    return out
 
 
 def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
