@@ -57,3 +57,10 @@ def test_a_folder_of_neither_layout_is_one_line(tmp_path, embedded_target):
     assert len(lines) == 1, r.stderr
     assert f"{embedded_target} is not an EAGLE-3 drafter in either layout" in lines[0]
     assert "'architectures': ['LlamaForCausalLM']" in lines[0] and "pass a folder written by `draftsmith export`" in lines[0]
+
+
+def test_sglang_is_not_handed_the_speculators_layout(tmp_path, export_drafter):
+    d = export_drafter(tmp_path / "speculators", "speculators")
+    r = _run("eval", "--drafter", str(d), "--print-sglang-command", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"SGLang loads EAGLE-3 drafters in the eagle3 layout only; {d} is speculators" in r.stderr

@@ -145,3 +145,14 @@ def check_drafter_fits(target_dir: Path, drafter_dir: Path) -> DrafterInfo:
             "re-export the drafter copying max_position_embeddings and rope settings from the target",
         )
     return DrafterInfo(drafter_dir, layout, h_d, h_t, v_t, n_draft, layer_ids)
+
+
+def check_engine_reads_layout(engine: str, info: DrafterInfo) -> None:
+    """Refuse a layout the engine cannot load: SGLang reads the eagle3 layout only (``docs/training.md``).
+
+    Raises:
+        ModelError: ``engine`` is ``sglang`` or ``both`` and the drafter is in the speculators layout.
+    """
+    if engine in ("sglang", "both") and info.layout != "eagle3":
+        raise ModelError(f"SGLang loads EAGLE-3 drafters in the eagle3 layout only; {info.path} is {info.layout}",
+                         "pass the run's export/eagle3 (`draftsmith export --format eagle3`), or --engine vllm")

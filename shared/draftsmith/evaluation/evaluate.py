@@ -15,7 +15,7 @@ from typing import Any
 from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
 from draftsmith.config import Settings
 from draftsmith.errors import EngineError, ModelError
-from draftsmith.evaluation.checks import DrafterInfo, check_drafter_fits
+from draftsmith.evaluation.checks import DrafterInfo, check_drafter_fits, check_engine_reads_layout
 from draftsmith.evaluation.report import build_report, engine_result, write_reports
 from draftsmith.evaluation.runner import SetMeasure, SGLangClient, VLLMClient, overall, run_set
 from draftsmith.evaluation.sets import EvalSet, load_set
@@ -174,6 +174,7 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     target = target_dir(s)
     drafter = drafter_dir(s, paths)
     info: DrafterInfo = check_drafter_fits(target, drafter)
+    check_engine_reads_layout(s.eval.engine, info)
     sets = [load_set(x, s.eval.limit, s.eval.sets_dir) for x in s.eval.sets]
     log.info("drafter %s fits %s (hidden %d, draft vocab %d, layers %s); %d sets, %d prompts",
              drafter, target.name, info.hidden_size, info.draft_vocab_size, list(info.layer_ids), len(sets),
