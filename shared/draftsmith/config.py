@@ -225,6 +225,14 @@ class TrainConfig(Section):
     num_layers: int = Field(1, ge=1, description="Decoder layers of the drafter (1 for EAGLE-3).")
     norm_before_residual: bool = Field(False, description="Residual carries the normed feature (vLLM flag).")
     fc_norm: bool = Field(False, description="One RMSNorm per aux feature before fc (vLLM's fc_norm flag).")
+    norm_before_fc: bool = Field(
+        False, description="One RMSNorm over the concatenated aux features before fc (EAGLE-3.1; vLLM's "
+        "norm_before_fc flag, weight input_norm.weight); not with fc_norm.",
+    )
+    norm_output: bool = Field(
+        False, description="Feed the normed hidden state, not the pre-norm sum, to the next draft step (EAGLE-3.1; "
+        "vLLM's norm_output flag).",
+    )
     norm_init: Literal["target", "ones"] = Field(
         "ones", description="Init the drafter's final norm from the target's final norm, or to ones."
     )
@@ -282,6 +290,14 @@ class TrainConfig(Section):
         if self.freeze_lm_head and self.lm_head_init != "target":
             raise ValueError("train.freeze_lm_head needs train.lm_head_init=target (a frozen random head "
                              "cannot learn); set lm_head_init: target or drop freeze_lm_head")
+        return self
+
+    @model_validator(mode="after")
+    def _one_norm_before_fc(self) -> TrainConfig:
+        # speculators' Eagle3SpeculatorConfig refuses the pair, so such an export would not load there
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("train.norm_before_fc and train.fc_norm are both set; choose one (a single RMSNorm "
+                             "over the concatenated aux features, or one per feature)")
         return self
 
 

@@ -82,7 +82,7 @@ TRAIN_GRAD_NORM = Gauge(
 )
 TRAIN_TOKENS = Counter(f"{NS}_train_tokens", "Real (unpadded) tokens trained on.", ["run"])
 TRAIN_TOKENS_PER_S = Gauge(
-    f"{NS}_train_tokens_per_second", "Training throughput over the last interval.", ["run"],
+    f"{NS}_train_tokens_per_second", "Training throughput over the last interval (the run's average once it ends).", ["run"],
     multiprocess_mode="mostrecent",
 )
 TRAIN_CHECKPOINTS = Counter(f"{NS}_train_checkpoints", "Checkpoints written.", ["run"])

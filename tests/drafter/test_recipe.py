@@ -133,6 +133,42 @@ def test_fc_norm_is_exported_and_read_by_vllm(run_factory, embedded_target):
         assert m.fc_norm is not None
 
 
+@pytest.mark.slow
+def test_eagle31_norms_are_trained_and_exported(run_factory, embedded_target):
+    """The trainer builds the drafter with norm_before_fc and norm_output, trains input_norm, and both exports
+    chain exactly as the checkpoint does (steps 0-2, where norm_output feeds the normed state back)."""
+    from draftsmith.drafter.checkpoint import list_checkpoints, read_state
+    from draftsmith.drafter.export import export_checkpoint
+    from draftsmith.drafter.load import load_checkpoint_model, load_export_model
+    from draftsmith.drafter.trainer import Trainer
+
+    s = run_factory("e31", norm_before_fc=True, norm_output=True, max_steps=2, ttt_steps=2)
+    tr = Trainer(s)
+    assert tr.model.input_norm is not None and tr.model.cfg.norm_output is True
+    tr.run()
+    ckpt = list_checkpoints(s.runs_dir / "e31" / "checkpoints")[-1]
+    drafter = read_state(ckpt)["drafter"]
+    assert (drafter["norm_before_fc"], drafter["norm_output"], drafter["fc_norm"]) == (True, True, False)
+    trained = load_checkpoint_model(ckpt, embedded_target)
+    assert not torch.allclose(trained.input_norm.weight, torch.ones(3 * 576))  # it learns
+    out = s.runs_dir / "e31" / "export"
+    export_checkpoint(ckpt, str(embedded_target), out, "both")
+    torch.manual_seed(0)
+    ids, aux = torch.randint(0, 49152, (1, 7)), torch.randn(1, 7, 3 * 576)
+
+    @torch.no_grad()
+    def chain(m):
+        hidden, caches, outs = m.fuse(aux), m.new_caches(), []
+        for j in range(3):
+            normed, hidden = m.step(ids, hidden, j, caches)
+            outs.append(m.logits(normed))
+        return torch.stack(outs)
+
+    ref = chain(trained)
+    for layout in ("eagle3", "speculators"):
+        torch.testing.assert_close(chain(load_export_model(out / layout, embedded_target)), ref)
+
+
 def test_freeze_lm_head_needs_the_target_rows():
     from draftsmith.config import load_settings
     from draftsmith.errors import ConfigError

@@ -40,6 +40,12 @@ def test_training_learns_and_reports(run_factory, caplog):
     from prometheus_client import REGISTRY
 
     assert REGISTRY.get_sample_value("draftsmith_train_step", {"run": "learn"}) == 12
+    # the closing report carries the run's average rate: every token trained over the training time (the
+    # held-out passes included in elapsed_s are not training time), never 0
+    tokens = REGISTRY.get_sample_value("draftsmith_train_tokens_total", {"run": "learn"})
+    assert tokens > 0 and status["tokens_per_s"] >= tokens / status["elapsed_s"]
+    assert status["line"].split(" tok/s ")[1].split()[0] == f"{status['tokens_per_s']:,.0f}"
+    assert REGISTRY.get_sample_value("draftsmith_train_tokens_per_second", {"run": "learn"}) == status["tokens_per_s"]
 
 
 def test_progress_line_format():

@@ -37,3 +37,23 @@ def write_drafter(embedded_target: Path):
         return mod.write_random_drafter(embedded_target, out, **kw)
 
     return make
+
+
+@pytest.fixture
+def export_drafter(embedded_target: Path):
+    """Factory: ``export_drafter(out, layout, **drafter_config)`` writes a randomly initialised drafter (draft
+    vocabulary 64: target ids 0, 3, 6, ...) with draftsmith's own exporter, in the ``eagle3`` or ``speculators``
+    layout."""
+    import torch
+    from draftsmith.drafter.config import derive_config
+    from draftsmith.drafter.export import write_export
+    from draftsmith.drafter.model import Eagle3Drafter
+
+    def make(out: Path, layout: str, **kw) -> Path:
+        torch.manual_seed(0)
+        m = Eagle3Drafter(derive_config(embedded_target, 64, **kw))
+        m.d2t.copy_(torch.arange(64) * 2)  # draft i -> target 3 * i
+        m.t2d[torch.arange(64) * 3] = True
+        return write_export(m, out, layout, verifier=str(embedded_target))
+
+    return make

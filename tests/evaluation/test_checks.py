@@ -8,6 +8,7 @@ import pytest
 import torch
 from draftsmith.errors import ModelError
 from draftsmith.evaluation.checks import check_drafter_fits
+from draftsmith.evaluation.evaluate import draft_vocab_ids
 from safetensors.torch import load_file, save_file
 
 
@@ -53,7 +54,63 @@ def test_short_position_limit(random_drafter, embedded_target):
 
 def test_not_an_eagle3_export(random_drafter, embedded_target):
     w = load_file(str(random_drafter / "model.safetensors"))
-    del w["d2t"]
+    del w["fc.weight"]
     save_file(w, str(random_drafter / "model.safetensors"))
-    with pytest.raises(ModelError, match="no 'd2t' weight"):
+    with pytest.raises(ModelError, match="eagle3 layout\\) has no 'fc.weight' weight"):
         check_drafter_fits(embedded_target, random_drafter)
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "speculators"])
+def test_both_layouts_of_our_export_fit(export_drafter, embedded_target, tmp_path, layout):
+    """What `draftsmith export --format both` writes is evaluated in either layout (the speculators one has its
+    decoder fields under transformer_layer_config and weights layers.0.*)."""
+    d = export_drafter(tmp_path / layout, layout)
+    info = check_drafter_fits(embedded_target, d)
+    assert info.layout == layout
+    assert (info.hidden_size, info.target_hidden_size, info.vocab_size, info.draft_vocab_size) == (576, 576, 49152, 64)
+    assert info.layer_ids == (2, 15, 27)  # vLLM's numbering of our layers 1, 14, 26
+    assert draft_vocab_ids(d) == frozenset(range(0, 192, 3))
+
+
+def test_peer_speculators_drafter_with_d2t_only(export_drafter, embedded_target, tmp_path):
+    """A speculators-trained drafter as vLLM loads it: no t2d (vLLM never reads it), no norm flags in its config
+    (vLLM's speculators reader then takes norm_before_residual=true), its own copy of the embedding."""
+    from draftsmith.drafter.load import load_export_model
+
+    d = export_drafter(tmp_path / "peer", "speculators")
+    w = load_file(str(d / "model.safetensors"))
+    t2d = w.pop("t2d")
+    w["embed_tokens.weight"] = torch.zeros(49152, 576, dtype=torch.bfloat16)
+    save_file(w, str(d / "model.safetensors"))
+    cfg = json.loads((d / "config.json").read_text())
+    for key in ("norm_before_residual", "fc_norm", "norm_before_fc", "norm_output", "target_hidden_size"):
+        del cfg[key]
+    (d / "config.json").write_text(json.dumps(cfg))
+    info = check_drafter_fits(embedded_target, d)
+    assert (info.layout, info.draft_vocab_size, info.layer_ids) == ("speculators", 64, (2, 15, 27))
+    assert draft_vocab_ids(d) == frozenset(range(0, 192, 3))  # from d2t: i + d2t[i]
+    m = load_export_model(d, embedded_target)
+    assert torch.equal(m.t2d, t2d) and int(m.d2t[5]) == 10
+    assert m.cfg.norm_before_residual is True and m.cfg.norm_output is False
+
+
+def test_aux_layer_ids_default_to_vllms(export_drafter, embedded_target, tmp_path):
+    d = export_drafter(tmp_path / "noids", "speculators")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert check_drafter_fits(embedded_target, d).layer_ids == (2, 15, 27)  # vLLM: (2, L//2, L-3), L = 30
+
+
+def test_neither_layout_is_one_line(random_drafter, embedded_target):
+    cfg = json.loads((random_drafter / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    del cfg["eagle_config"]
+    (random_drafter / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError) as e:
+        check_drafter_fits(embedded_target, random_drafter)
+    msg = str(e.value)
+    assert msg.startswith(f"{random_drafter} is not an EAGLE-3 drafter in either layout")
+    assert "'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'speculators_model_type': None" in msg
+    assert "-> pass a folder written by `draftsmith export` (export/eagle3 or export/speculators)" in msg
+    assert "\n" not in msg

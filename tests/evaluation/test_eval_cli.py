@@ -39,3 +39,28 @@ def test_print_sglang_command(tmp_path, random_drafter, embedded_target):
     assert r.returncode == 0, r.stderr
     assert "--speculative-algorithm EAGLE3" in r.stdout and "--speculative-num-draft-tokens 5" in r.stdout
     assert f"--speculative-draft-model-path {random_drafter}" in r.stdout
+
+
+def test_speculators_layout_passes_the_checks(tmp_path, export_drafter):
+    """`eval --drafter` on our own export/speculators gets past the drafter checks (it stops at the next check,
+    an unknown set, so no engine starts)."""
+    d = export_drafter(tmp_path / "export" / "speculators", "speculators")
+    r = _run("eval", "--run", "x", "--drafter", str(d), "--sets", "nope", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown eval set 'nope'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_folder_of_neither_layout_is_one_line(tmp_path, embedded_target):
+    r = _run("eval", "--run", "x", "--drafter", str(embedded_target), cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = [x for x in r.stderr.splitlines() if "EAGLE-3" in x]
+    assert len(lines) == 1, r.stderr
+    assert f"{embedded_target} is not an EAGLE-3 drafter in either layout" in lines[0]
+    assert "'architectures': ['LlamaForCausalLM']" in lines[0] and "pass a folder written by `draftsmith export`" in lines[0]
+
+
+def test_sglang_is_not_handed_the_speculators_layout(tmp_path, export_drafter):
+    d = export_drafter(tmp_path / "speculators", "speculators")
+    r = _run("eval", "--drafter", str(d), "--print-sglang-command", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"SGLang loads EAGLE-3 drafters in the eagle3 layout only; {d} is speculators" in r.stderr

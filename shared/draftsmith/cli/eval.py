@@ -44,11 +44,11 @@ def eval_cmd(
     if print_sglang_command:
         import shlex
 
-        from draftsmith.evaluation.checks import check_drafter_fits
+        from draftsmith.evaluation.checks import check_drafter_fits, check_engine_reads_layout
         from draftsmith.evaluation.sglang import SGLangServerSpec
 
         t, d = target_dir(s), drafter_dir(s, RunPaths(s.runs_dir, s.run))
-        check_drafter_fits(t, d)
+        check_engine_reads_layout("sglang", check_drafter_fits(t, d))
         typer.echo(shlex.join(SGLangServerSpec(model=t, drafter=d, k=s.eval.k).command()))
         return
     paths = run_evaluation(s, offline=offline)

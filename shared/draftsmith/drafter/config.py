@@ -62,6 +62,8 @@ class DraftConfig:
     num_layers: int = 1
     norm_before_residual: bool = False
     fc_norm: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
     target_model_type: str = "llama"
     target_architectures: list[str] = field(default_factory=lambda: ["LlamaForCausalLM"])
     target_name: str = ""
@@ -129,6 +131,8 @@ def derive_config(
     num_layers: int = 1,
     norm_before_residual: bool = False,
     fc_norm: bool = False,
+    norm_before_fc: bool = False,
+    norm_output: bool = False,
 ) -> DraftConfig:
     """Drafter config copied from the target's ``config.json``.
 
@@ -139,10 +143,18 @@ def derive_config(
         num_layers: decoder layers of the drafter (1 for EAGLE-3).
         norm_before_residual: residual carries the normed feature (vLLM flag of the same name).
         fc_norm: one RMSNorm per aux feature before ``fc`` (vLLM's ``fc_norm`` config flag).
+        norm_before_fc: one RMSNorm over the concatenated aux features before ``fc`` (EAGLE-3.1; vLLM's
+            ``norm_before_fc``, weight ``input_norm.weight``).
+        norm_output: the next draft step is fed the normed hidden state instead of the pre-norm sum (EAGLE-3.1;
+            vLLM's ``norm_output``).
 
     Raises:
-        ModelError: a missing field, a non-Llama-like target, or layer ids out of range.
+        ModelError: a missing field, a non-Llama-like target, layer ids out of range, or both ``norm_before_fc``
+            and ``fc_norm`` (speculators refuses such a config; vLLM would apply one norm after the other).
     """
+    if norm_before_fc and fc_norm:
+        raise ModelError("norm_before_fc and fc_norm are both set", "choose one: a single RMSNorm over the "
+                         "concatenated aux features (norm_before_fc) or one per feature (fc_norm)")
     t = read_target_config(target_path)
     text = t.get("text_config", t)  # multimodal wrappers keep the language model under text_config
     missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size") if k not in text]
@@ -183,6 +195,8 @@ def derive_config(
         num_layers=num_layers,
         norm_before_residual=norm_before_residual,
         fc_norm=fc_norm,
+        norm_before_fc=norm_before_fc,
+        norm_output=norm_output,
         target_model_type=text.get("model_type", "llama"),
         target_architectures=list(t.get("architectures") or ["LlamaForCausalLM"]),
         target_name=Path(target_path).name,

@@ -8,6 +8,11 @@
    written: vLLM's speculators reader defaults it to true when missing (``configs/speculators/algos.py``), its
    EAGLE reader to false (``llama_eagle3.py``), and the drafter must be served the way it was trained.
 
+Both layouts write ``fc_norm``, ``norm_before_fc`` and ``norm_output`` top-level, where vLLM 0.32 reads them in
+either layout (its speculators reader copies them; ``llama_eagle3.py`` also accepts ``norm_before_fc`` inside
+``eagle_config``), and ``norm_before_fc``'s weight is ``input_norm.weight``, the name vLLM loads (it drops that
+weight when the flag is false, so flag and weight must travel together).
+
 Aux layer ids are written in vLLM's numbering (our output-of-layer ``i`` is vLLM's ``i + 1``; current SGLang reads
 the same ids as the same tensors unless the first is 1, so the ``eagle3`` layout, which SGLang loads, refuses a first
 layer 0: see ``draftsmith.features.layers``). Neither layout stores ``embed_tokens``: the drafter's embedding is the target's, frozen, which vLLM then shares.
@@ -77,6 +82,8 @@ def eagle3_config(cfg: DraftConfig) -> dict[str, Any]:
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,
         "fc_norm": cfg.fc_norm,
+        "norm_before_fc": cfg.norm_before_fc,
+        "norm_output": cfg.norm_output,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": eagle3_layout_ids(cfg.layer_ids),
                          "use_aux_hidden_state": True},
     }
@@ -93,6 +100,8 @@ def speculators_config(cfg: DraftConfig, speculative_tokens: int, verifier: str)
         "draft_vocab_size": cfg.draft_vocab_size,
         "norm_before_residual": cfg.norm_before_residual,
         "fc_norm": cfg.fc_norm,
+        "norm_before_fc": cfg.norm_before_fc,
+        "norm_output": cfg.norm_output,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": vllm_layer_ids(cfg.layer_ids),
         "speculators_config": {

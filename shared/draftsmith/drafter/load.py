@@ -12,9 +12,16 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.artifacts.export import SPECULATORS, config_path, layout_of
+from draftsmith.artifacts.export import (
+    aux_layer_ids,
+    config_path,
+    internal_name,
+    layer_fields,
+    norm_flags,
+    require_layout,
+)
 from draftsmith.drafter.checkpoint import load_model_weights, model_state, read_state
-from draftsmith.drafter.config import DraftConfig, derive_config, from_vllm_layer_ids
+from draftsmith.drafter.config import DraftConfig, derive_config, from_vllm_layer_ids, read_target_config
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.vocab import init_from_target
 from draftsmith.errors import ModelError
@@ -42,38 +49,54 @@ def read_export(folder: Path | str) -> tuple[str, dict, dict[str, torch.Tensor]]
     if not cfg_path.is_file() or not files:
         raise ModelError(f"{folder} has no {cfg_path.name} or *.safetensors", "point at an exported drafter folder")
     config = json.loads(cfg_path.read_text())
-    layout = layout_of(config)
-    if layout is None:
-        raise ModelError(f"{cfg_path} is neither an EAGLE-3 nor a speculators eagle3 config",
-                         "export the drafter with `draftsmith export`")
+    layout = require_layout(folder, config)
     weights: dict[str, torch.Tensor] = {}
     for f in files:
         try:
             weights.update(load_file(str(f)))
         except Exception as e:  # safetensors raises its own types for corrupt files
             raise ModelError(f"cannot read {f}: {e}", "the drafter file is corrupt") from e
-    renamed = {}
-    for k, v in weights.items():
-        k = k.removeprefix("model.")
-        if k.startswith("midlayer."):
-            k = "layers.0." + k[len("midlayer."):]
-        renamed[k] = v
-    return layout, config, renamed
+    return layout, config, {internal_name(k): v for k, v in weights.items()}
+
+
+def vocab_maps(config: dict, weights: dict[str, torch.Tensor], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d2t [N] int64, t2d [V] bool)`` of an export, filled in the way vLLM 0.32 serves it when missing.
+
+    vLLM never reads ``t2d`` and, without ``d2t``, serves draft id i as target id i (``llama_eagle3.load_weights``);
+    speculators writes neither for a draft vocabulary as large as the target's. So a missing ``d2t`` is zeros and a
+    missing ``t2d`` is derived from ``d2t`` (``t2d[i + d2t[i]] = True``).
+
+    Raises:
+        ModelError: a ``t2d`` that disagrees with ``d2t`` (another mapping than the one served).
+    """
+    n = int(config.get("draft_vocab_size") or vocab_size)
+    d2t = weights["d2t"].long() if "d2t" in weights else torch.zeros(n, dtype=torch.long)
+    derived = torch.zeros(vocab_size, dtype=torch.bool)
+    targets = torch.arange(d2t.numel()) + d2t
+    if d2t.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
+        raise ModelError(f"d2t maps draft tokens outside the target vocabulary of {vocab_size}",
+                         "the drafter was built for another target")
+    derived[targets] = True
+    if "t2d" not in weights:
+        return d2t, derived
+    t2d = weights["t2d"].bool()
+    if t2d.shape == derived.shape and not torch.equal(t2d, derived):
+        raise ModelError("the drafter's t2d and d2t name different draft vocabularies", "re-export the drafter")
+    return d2t, t2d
 
 
 def export_draft_config(layout: str, config: dict, target_path: Path | str) -> DraftConfig:
     """Drafter config of an export, re-derived from the target and checked against the export's fields.
 
     Raises:
-        ModelError: a field the engine reads differs from the target's.
+        ModelError: a field the engine reads differs from the target's, or both ``norm_before_fc`` and ``fc_norm``.
     """
-    layer = config["transformer_layer_config"] if layout == SPECULATORS else config
-    ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids")
+    layer = layer_fields(config, layout)
+    ids = aux_layer_ids(config)
     ids = from_vllm_layer_ids(ids) if ids else None
-    nbr = config.get("norm_before_residual", layout == SPECULATORS)
-    cfg = derive_config(target_path, int(config["draft_vocab_size"]), ids, int(layer.get("num_hidden_layers", 1)), nbr,
-                        bool(config.get("fc_norm", False)))
+    n_draft = int(config.get("draft_vocab_size") or layer.get("vocab_size") or read_target_config(target_path).get(
+        "vocab_size"))
+    cfg = derive_config(target_path, n_draft, ids, int(layer.get("num_hidden_layers", 1)), **norm_flags(config, layout))
     for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
         if key in layer and int(layer[key]) != int(getattr(cfg, key)):
             raise ModelError(f"drafter {key}={layer[key]} but the target has {getattr(cfg, key)}",
@@ -103,8 +126,9 @@ def load_export_model(folder: Path | str, target_path: Path | str) -> Eagle3Draf
     layout, config, weights = read_export(folder)
     cfg = export_draft_config(layout, config, target_path)
     model = Eagle3Drafter(cfg)
-    got = check_weights(model, weights, str(folder))
-    init_from_target(model, target_path, got["d2t"].long(), got["t2d"].bool(), lm_head="random")
+    d2t, t2d = vocab_maps(config, weights, cfg.vocab_size)
+    got = check_weights(model, {**weights, "d2t": d2t, "t2d": t2d}, str(folder))
+    init_from_target(model, target_path, d2t, t2d, lm_head="random")
     model.load_state_dict(got, strict=False)
     return model.eval()
 
@@ -129,18 +153,26 @@ def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = Fals
             tokens both vocabularies share (others keep their target-row init) instead of failing.
 
     Raises:
-        ModelError: layout, shape or hidden-size mismatch; another draft vocabulary without ``remap``.
+        ModelError: layout, shape or hidden-size mismatch; another draft vocabulary without ``remap``; norm options
+            (``norm_before_residual``, ``fc_norm``, ``norm_before_fc``, ``norm_output``, as vLLM reads them from
+            the export) other than the run's.
     """
     layout, config, weights = read_export(folder)
-    ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids")
+    ids = aux_layer_ids(config)
     ids = from_vllm_layer_ids(ids) if ids else None
     if ids and list(ids) != list(model.cfg.layer_ids):
         raise ModelError(f"pretrained drafter reads layers {ids}, the features hold {model.cfg.layer_ids}",
                          "extract features with the drafter's layer ids (train.layer_ids)")
+    flags = norm_flags(config, layout)
+    differ = {k: v for k, v in flags.items() if getattr(model.cfg, k) != v}
+    if differ:
+        raise ModelError(f"pretrained drafter at {folder} was trained with {differ}, this run has the opposite",
+                         "set the same train.* norm options as the pretrained drafter")
     src_d2t = weights.get("d2t")
     same_vocab = src_d2t is not None and torch.equal(src_d2t.long(), model.d2t.cpu())
-    if not same_vocab:
+    if same_vocab:
+        weights = {**weights, "t2d": model.t2d.cpu()}  # a peer's export may carry d2t only
+    else:
         if not remap:
             raise ModelError(f"pretrained drafter at {folder} uses another draft vocabulary than the data",
                              "set train.remap_vocab=true to remap its lm_head rows")

@@ -4,14 +4,16 @@ Source: Li et al., 2025, "EAGLE-3: Scaling up Inference Acceleration of Large La
 Test", and vLLM's serving implementation ``vllm/model_executor/models/llama_eagle3.py``, which this module mirrors
 weight for weight so that training matches serving:
 
-- ``fc`` fuses the target's aux features ``[T, 3*H_t] -> [T, H]`` (step 0 only); with ``fc_norm`` each of the
-  three features first goes through its own RMSNorm (vLLM's ``fc_norm`` option, ``llama_eagle3.combine_hidden_states``),
-  which evens out aux layers whose scales differ several-fold.
+- ``fc`` fuses the target's aux features ``[T, 3*H_t] -> [T, H]`` (step 0 only). ``norm_before_fc`` (EAGLE-3.1,
+  vLLM's ``input_norm``) first puts the whole concatenation through one RMSNorm over ``3*H_t``; ``fc_norm`` gives
+  each of the three features its own RMSNorm (vLLM's ``fc_norm`` option), which evens out aux layers whose scales
+  differ several-fold. vLLM applies them in that order (``llama_eagle3.combine_hidden_states``).
 - layer 0 takes ``cat(input_layernorm(embed(token)), hidden_norm(feature))`` (2H wide) into q/k/v; the residual
   stream carries the feature (or the normed feature when ``norm_before_residual``); then o_proj, fused add +
   post-attention norm, SwiGLU MLP. Later layers (if any) are plain Llama layers (H wide, fused add-norm).
-- The final norm returns the normed state (to ``lm_head``, over the draft vocabulary) and the pre-norm sum
-  ``residual + mlp_out``, which is the hidden state fed back at the next draft step (vLLM's ``aux_output``).
+- The final norm returns the normed state (to ``lm_head``, over the draft vocabulary) and the hidden state fed back
+  at the next draft step (vLLM's ``aux_output``): the pre-norm sum ``residual + mlp_out``, or with ``norm_output``
+  (EAGLE-3.1) the normed state itself, which keeps its scale from drifting over the steps of a chain.
 - Step ``j`` of a chain reads token ``x[t+j+1]`` at position ``t + j`` and attends to the step-0 keys of
   positions ``0..t`` plus its own row's keys from steps ``1..j`` (the training-time-test pattern, which is exactly
   what vLLM's KV cache holds while it drafts).
@@ -144,6 +146,9 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)
         n_aux = len(cfg.layer_ids)
+        # vLLM's name for the norm_before_fc weight (``input_norm.weight``), so exports need no rename
+        self.input_norm = (LlamaRMSNorm(n_aux * cfg.target_hidden_size, eps=cfg.rms_norm_eps)
+                           if cfg.norm_before_fc else None)
         self.fc_norm = (nn.ModuleList(LlamaRMSNorm(cfg.target_hidden_size, eps=cfg.rms_norm_eps) for _ in range(n_aux))
                         if cfg.fc_norm else None)
         self.fc = nn.Linear(n_aux * cfg.target_hidden_size, H, bias=False)
@@ -157,6 +162,8 @@ class Eagle3Drafter(nn.Module):
     def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """``[B, T, 3*H_t]`` target aux features -> ``[B, T, H]`` step-0 hidden input."""
         aux_hidden = aux_hidden.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            aux_hidden = self.input_norm(aux_hidden)  # [B, T, 3*H_t], one RMS over the three features
         if self.fc_norm is not None:
             chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)  # 3 x [B, T, H_t]
             aux_hidden = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
@@ -174,13 +181,14 @@ class Eagle3Drafter(nn.Module):
 
         Args:
             input_ids: ``[B, T]`` target-vocabulary ids; row t holds token ``x[t + step + 1]``.
-            hidden: ``[B, T, H]``: ``fuse(aux)`` at step 0, the previous step's pre-norm output after.
+            hidden: ``[B, T, H]``: ``fuse(aux)`` at step 0, the previous step's second output after.
             step: draft step index j (positions are ``t + j + position_offset``).
             caches: one list per layer, filled in place (start with ``[[] for _ in layers]``).
             position_offset: added to every position (0 for whole sequences).
 
         Returns:
-            ``(normed [B, T, H], prenorm [B, T, H])``; logits come from :meth:`logits` on ``normed``.
+            ``(normed [B, T, H], next_hidden [B, T, H])``; logits come from :meth:`logits` on ``normed``;
+            ``next_hidden`` is the pre-norm sum, or ``normed`` itself with ``norm_output``.
         """
         B, T = input_ids.shape
         pos = torch.arange(T, device=input_ids.device).unsqueeze(0).expand(B, T) + step + position_offset  # [B, T]
@@ -190,7 +198,8 @@ class Eagle3Drafter(nn.Module):
         for layer, cache in zip(self.layers, caches, strict=True):
             hidden, residual = layer(embeds, hidden, residual, cos, sin, cache)
         prenorm = hidden + residual  # [B, T, H]
-        return self.norm(prenorm), prenorm
+        normed = self.norm(prenorm)  # [B, T, H]
+        return normed, normed if self.cfg.norm_output else prenorm
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` -> draft-vocabulary logits ``[..., N]``."""

@@ -71,7 +71,9 @@ def estimate_acceptance(
 
     Returns:
         ``{"acceptance_rate", "mean_acceptance_length", "per_position": [k floats], "drafts", "draft_tokens",
-        "accepted", "generated_tokens", "k", "definitions"}``.
+        "accepted", "accepted_per_position": [k ints], "generated_tokens", "generated_ids": [one list of target
+        ids per prompt], "k", "definitions"}``; a prompt's ids may run up to ``k`` past ``max_new_tokens`` (the
+        last round's accepted drafts), where an engine would cut them.
 
     Raises:
         ModelError: the drafter does not fit the target (see :mod:`draftsmith.drafter.load`).
@@ -90,6 +92,7 @@ def estimate_acceptance(
     eos = {t for t in ([tok.eos_token_id] + (gen_eos if isinstance(gen_eos, list) else [gen_eos])) if t is not None}
     drafts = draft_tokens = accepted = generated_total = 0
     per_pos = [0] * k
+    outputs: list[list[int]] = []
 
     def run(ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
         o = target(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, output_hidden_states=True)
@@ -121,12 +124,13 @@ def estimate_acceptance(
             if any(t in eos for t in d[:a]):
                 break
         generated_total += len(generated)
+        outputs.append(generated)
     return {
         "acceptance_rate": accepted / max(draft_tokens, 1),
         "mean_acceptance_length": 1 + accepted / max(drafts, 1),
         "per_position": [c / max(drafts, 1) for c in per_pos],
-        "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted,
-        "generated_tokens": generated_total, "k": k,
+        "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted, "accepted_per_position": per_pos,
+        "generated_tokens": generated_total, "generated_ids": outputs, "k": k,
         "definitions": "vLLM: rate = accepted/draft_tokens; length = 1 + accepted/drafts; per_position = "
                        "accepted at p / drafts (greedy chain, T=0)",
     }

@@ -167,7 +167,8 @@ class Trainer:
             raise DataError(f"train.layer_ids {layer_ids} differ from the features' {self.features.layer_ids}",
                             "re-extract features with these layers or drop train.layer_ids")
         self.cfg = derive_config(self.target_path, self.vocab_size, layer_ids, self.tc.num_layers,
-                                 self.tc.norm_before_residual, self.tc.fc_norm)
+                                 self.tc.norm_before_residual, self.tc.fc_norm, self.tc.norm_before_fc,
+                                 self.tc.norm_output)
         if self.features.hidden_size != self.cfg.target_hidden_size:
             raise DataError(f"features have hidden size {self.features.hidden_size}, the target "
                             f"{self.cfg.target_hidden_size}", "the features come from another target; re-extract")
@@ -465,6 +466,7 @@ class Trainer:
         tc, t0 = self.tc, time.time()
         self.objective.train()
         interval, tokens, t_int = StepStats(), 0.0, time.time()
+        run_tokens = 0.0  # this process's tokens: the closing report's tok/s is their average rate
         held = None
         last_train = StepStats()
         while self.step < self.total_steps:
@@ -489,6 +491,7 @@ class Trainer:
                     interval.add(st)
                     n_tok = float(batch["lengths"].sum())
                     tokens += n_tok
+                    run_tokens += n_tok
                     metrics.TRAIN_TOKENS.labels(self.s.run).inc(n_tok)
                 gnorm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), tc.grad_clip)
                 gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # FSDP: a DTensor
@@ -520,8 +523,9 @@ class Trainer:
                 break
         if interval.loss_sum:
             last_train = StepStats.from_tensor(_all_sum(interval.as_tensor(), self.dist))
+        train_s = time.time() - t0  # before the held-out pass, which moves no training tokens
         held = self.evaluate() if self.held_ids else None
-        self._report(last_train, 0.0, 1.0, t0, held, line=False)
+        self._report(last_train, run_tokens * self.dist.world, train_s, t0, held, line=False)
         if self.dist.main and held is not None:
             log.info("held-out: loss %s acc %s accept_len %.3f", "/".join(f"{x:.3f}" for x in held.losses),
                      "/".join(f"{x:.3f}" for x in held.accs), held.acceptance_length)

@@ -12,10 +12,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from draftsmith.artifacts.export import EAGLE3, layout_dir
+from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
 from draftsmith.config import Settings
 from draftsmith.errors import EngineError, ModelError
-from draftsmith.evaluation.checks import DrafterInfo, check_drafter_fits
+from draftsmith.evaluation.checks import DrafterInfo, check_drafter_fits, check_engine_reads_layout
 from draftsmith.evaluation.report import build_report, engine_result, write_reports
 from draftsmith.evaluation.runner import SetMeasure, SGLangClient, VLLMClient, overall, run_set
 from draftsmith.evaluation.sets import EvalSet, load_set
@@ -38,12 +38,17 @@ def target_dir(s: Settings) -> Path:
 
 
 def drafter_dir(s: Settings, paths: RunPaths) -> Path:
-    """The drafter export to evaluate (``eval.drafter`` or ``runs/<run>/export/eagle3``).
+    """The drafter to evaluate: ``eval.drafter`` (either layout, ours or a peer's), else the run's
+    ``export/eagle3`` (which SGLang loads too), else its ``export/speculators``.
 
     Raises:
         ModelError: the folder does not exist.
     """
-    path = Path(s.eval.drafter) if s.eval.drafter else layout_dir(paths.export, EAGLE3)
+    if s.eval.drafter:
+        path = Path(s.eval.drafter)
+    else:
+        path = next((p for p in (layout_dir(paths.export, lay) for lay in (EAGLE3, SPECULATORS)) if p.is_dir()),
+                    layout_dir(paths.export, EAGLE3))
     if not path.is_dir():
         raise ModelError(f"no drafter export at {path}", "run `draftsmith export` first or pass --drafter DIR")
     return path
@@ -62,16 +67,22 @@ def _vllm_server(s: Settings, target: Path, speculative: dict | None, log_path: 
 
 
 def draft_vocab_ids(drafter: Path) -> frozenset[int] | None:
-    """Target ids of the draft vocabulary of an exported drafter (the true entries of its ``t2d`` ``[V]``), or None
-    when its weights carry no ``t2d`` (a drafter over the whole target vocabulary)."""
+    """Target ids of the draft vocabulary of an exported drafter: the true entries of its ``t2d`` ``[V]``, else
+    ``i + d2t[i]`` (a peer's export may carry ``d2t`` only), or None when its weights carry neither (a drafter over
+    the whole target vocabulary)."""
+    import torch
     from safetensors import safe_open
 
-    files = sorted(Path(drafter).glob("*.safetensors"))
-    for f in files:
+    d2t = None
+    for f in sorted(Path(drafter).glob("*.safetensors")):
         with safe_open(str(f), "pt") as st:
             if "t2d" in st.keys():
                 return frozenset(st.get_tensor("t2d").nonzero().flatten().tolist())
-    return None
+            if "d2t" in st.keys():
+                d2t = st.get_tensor("d2t").long()
+    if d2t is None:
+        return None
+    return frozenset((d2t + torch.arange(d2t.numel())).tolist())
 
 
 def _measure(client, sets: list[EvalSet], s: Settings, speculative: bool,
@@ -143,7 +154,9 @@ def offline_estimate(target: Path, drafter: Path, sets: list[EvalSet], k: int, m
     except ImportError as e:
         raise EngineError("the offline estimator (draftsmith.drafter.offline) is not available", "drop --offline") from e
     prompts = [[{"role": "user", "content": p.turns[0]}] for es in sets for p in es.prompts]
-    return estimate_acceptance(target, drafter, prompts, k, max_new_tokens)
+    out = estimate_acceptance(target, drafter, prompts, k, max_new_tokens)
+    out.pop("generated_ids")  # the report keeps figures, not every generated token
+    return out
 
 
 def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
@@ -161,6 +174,7 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     target = target_dir(s)
     drafter = drafter_dir(s, paths)
     info: DrafterInfo = check_drafter_fits(target, drafter)
+    check_engine_reads_layout(s.eval.engine, info)
     sets = [load_set(x, s.eval.limit, s.eval.sets_dir) for x in s.eval.sets]
     log.info("drafter %s fits %s (hidden %d, draft vocab %d, layers %s); %d sets, %d prompts",
              drafter, target.name, info.hidden_size, info.draft_vocab_size, list(info.layer_ids), len(sets),
