@@ -308,8 +308,10 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
         with meta_lock:
             hand_off(rc, s.redis.prefix, root, pid, job)
             stragglers.append(pid)
-        # a whole batch of stragglers starts at once; fewer wait for company until a job ends
-        _move_tail(rc, s, root, model, settings, whole_batches_only=True)
+        try:  # a whole batch of stragglers starts at once; fewer wait for company until a job ends
+            _move_tail(rc, s, root, model, settings, whole_batches_only=True)
+        except Exception as e:  # handed off already: the next job's end (or a resume) moves it
+            log.warning("handed-off prompts not moved to a tail job yet (%s)", e)
 
     handoff_s = 0.0 if tail else s.generation.handoff_after_s
     try:
