@@ -151,6 +151,8 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  recipe.py --run R --variants F     recipe ablations on a run's features, each measured in vLLM"
 	@echo "  vocab_coverage.py --run R          draft-vocabulary coverage of the target's eval answers"
 	@echo "  generation_scale.py                at 1,000 / 10,000 / 50,000 prompts (make bench runs 1,000)"
+	@echo "  generation_scale.py --busy         the same with one core spun meanwhile (a shared host)"
+	@echo "  generation_scale.py --tail         a long-tailed server: the pool's hand-off vs bare clients"
 	@echo "  drills.py                          the full fault drills (make bench runs a short round)"
 
 .PHONY: clean

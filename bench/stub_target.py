@@ -7,7 +7,13 @@ over HTTP/1.1 keep-alive, one process, so one core serves thousands of requests 
 that of ``tests/fixtures/generation/vllm_200_chat_token_ids.json`` (recorded from vLLM 0.32). It is the pool that is
 under test here, not a model.
 
-Run: ``python bench/stub_target.py --port 8123 [--delay-s 0.5] [--model stub] [--answer-bytes N]``.
+A long-tailed server (``--tail-fraction 0.02 --tail-factor 20``): that fraction of the prompts is answered
+``--tail-factor`` times slower, as a reasoning model's longest answers are. Which prompts are slow follows from a
+hash of the request's messages, so the same prompt is slow for every client and every attempt (a long answer stays
+long when it is asked again), and the slow share is the same for every client that sends the same prompts.
+
+Run: ``python bench/stub_target.py --port 8123 [--delay-s 0.5] [--model stub] [--answer-bytes N]
+[--tail-fraction F --tail-factor K]``.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import argparse
 import asyncio
 import json
 import sys
+import zlib
 
 
 class Stats:
@@ -26,6 +33,16 @@ class Stats:
         self.inflight = 0
         self.max_inflight = 0
         self.auth: str | None = None
+        self.slow = 0  # requests answered at the tail's latency
+
+
+def is_slow(raw: bytes, fraction: float) -> bool:
+    """Whether the request body ``raw`` falls in the slow ``fraction`` of prompts (a hash of its messages)."""
+    if fraction <= 0:
+        return False
+    msgs = json.loads(raw or b"{}").get("messages", [])
+    key = json.dumps([m.get("content") for m in msgs]).encode()
+    return zlib.crc32(key) % 10_000 < fraction * 10_000
 
 
 def chat_body(model: str, req: dict, n: int, answer_bytes: int = 0) -> dict:
@@ -44,8 +61,9 @@ def chat_body(model: str, req: dict, n: int, answer_bytes: int = 0) -> dict:
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, model: str, delay_s: float,
-                 stats: Stats, answer_bytes: int = 0, slots: asyncio.Semaphore | None = None) -> None:
-    """Serve one keep-alive connection."""
+                 stats: Stats, answer_bytes: int = 0, slots: asyncio.Semaphore | None = None,
+                 tail_fraction: float = 0.0, tail_factor: float = 1.0) -> None:
+    """Serve one keep-alive connection; a request in the slow ``tail_fraction`` takes ``tail_factor`` x ``delay_s``."""
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -60,12 +78,16 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mod
                 stats.auth = headers.get("authorization")
                 stats.inflight += 1
                 stats.max_inflight = max(stats.max_inflight, stats.inflight)
+                delay = delay_s
+                if is_slow(raw, tail_fraction):
+                    stats.slow += 1
+                    delay = delay_s * tail_factor
                 try:
                     if slots is not None:  # a server with a fixed number of sequences: the rest wait
                         async with slots:
-                            await asyncio.sleep(delay_s)
-                    elif delay_s:
-                        await asyncio.sleep(delay_s)
+                            await asyncio.sleep(delay)
+                    elif delay:
+                        await asyncio.sleep(delay)
                     body = chat_body(model, json.loads(raw or b"{}"), num, answer_bytes)
                 finally:
                     stats.inflight -= 1
@@ -74,7 +96,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mod
                 code, body = 200, {"object": "list", "data": [{"id": model, "object": "model", "max_model_len": 4096}]}
             elif path == "/stats":
                 code, body = 200, {"requests": stats.requests, "inflight": stats.inflight,
-                                   "max_inflight": stats.max_inflight, "auth": stats.auth}
+                                   "max_inflight": stats.max_inflight, "auth": stats.auth, "slow": stats.slow}
             elif path == "/health":
                 code, body = 200, {}
             else:
@@ -89,13 +111,14 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mod
         writer.close()
 
 
-async def serve(port: int, model: str, delay_s: float, answer_bytes: int = 0, max_concurrency: int = 0) -> None:
+async def serve(port: int, model: str, delay_s: float, answer_bytes: int = 0, max_concurrency: int = 0,
+                tail_fraction: float = 0.0, tail_factor: float = 1.0) -> None:
     """Serve until killed; prints ``READY <port>`` once listening."""
     stats = Stats()
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency > 0 else None
-    server = await asyncio.start_server(lambda r, w: handle(r, w, model, delay_s, stats, answer_bytes, slots),
-                                        "127.0.0.1", port,
-                                        backlog=1024)
+    server = await asyncio.start_server(
+        lambda r, w: handle(r, w, model, delay_s, stats, answer_bytes, slots, tail_fraction, tail_factor),
+        "127.0.0.1", port, backlog=1024)
     print(f"READY {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -109,9 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--answer-bytes", type=int, default=0, help="Pad every answer to about this many bytes.")
     ap.add_argument("--max-concurrency", type=int, default=0,
                     help="Requests served at once (each takes --delay-s); the rest wait (0 = no limit).")
+    ap.add_argument("--tail-fraction", type=float, default=0.0,
+                    help="Share of prompts answered --tail-factor times slower (chosen by a hash of the messages).")
+    ap.add_argument("--tail-factor", type=float, default=20.0)
     a = ap.parse_args(argv)
     try:
-        asyncio.run(serve(a.port, a.model, a.delay_s, a.answer_bytes, a.max_concurrency))
+        asyncio.run(serve(a.port, a.model, a.delay_s, a.answer_bytes, a.max_concurrency, a.tail_fraction,
+                          a.tail_factor))
     except KeyboardInterrupt:
         sys.exit(0)
 

@@ -121,6 +121,11 @@ class GenerationConfig(Section):
         "Prompts per rq job (one record shard per job). Each job pays a fixed cost (a forked work-horse, an HTTP "
         "client); 64 keeps it small against a fast server (docs/benchmarks.md, generation_scale)."))
     request_timeout_s: float = Field(3600.0, gt=0, description="Client timeout of one request, in seconds.")
+    handoff_after_s: float = Field(600.0, ge=0, description=(
+        "A request of a batch job still running after this many seconds is cancelled and its prompt handed to a "
+        "tail job of its own (stragglers run together, so one long answer does not hold a worker process and its "
+        "job's finished slots); its partial answer is discarded. 0 = off. 600 s is 10x the mean latency of a "
+        "2,048-token answer at ~35 tok/s per sequence, so only the far tail is cut (docs/generation.md)."))
     connect_timeout_s: float = Field(10.0, gt=0, description="Client connect timeout, in seconds.")
     max_retries: int = Field(5, ge=0, description="Retries of one request on resets, timeouts, 5xx and 429.")
     backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles per retry (with jitter).")

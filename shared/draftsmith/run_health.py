@@ -36,6 +36,7 @@ class QueueHealth:
     orphaned: int = 0
     failed: int = 0
     unassigned: int = 0
+    tail: int = 0  # handed off by a batch job, waiting on the run's tail list for a tail job
     jobs: Counter = field(default_factory=Counter)  # JobState value -> jobs holding a missing prompt
     failed_jobs: int = 0
     reasons: Counter = field(default_factory=Counter)
@@ -48,14 +49,15 @@ class QueueHealth:
     @property
     def pending(self) -> int:
         """Prompts that a live job will still answer (waiting, dequeued, running or scheduled for a retry)."""
-        return self.waiting + self.dequeued + self.running + self.retry
+        return self.waiting + self.dequeued + self.running + self.retry + self.tail
 
     def line(self) -> str:
         """``missing 12: 8 queued, 3 running, 1 failed for good``; empty when nothing is missing."""
         if not self.missing:
             return ""
         parts = [f"{n} {label}" for n, label in (
-            (self.waiting, "queued"), (self.dequeued, "being started"), (self.running, "running"),
+            (self.waiting, "queued"), (self.tail, "handed off to the tail"), (self.dequeued, "being started"),
+            (self.running, "running"),
             (self.retry, "to be retried"), (self.orphaned, "held by a worker that is gone"),
             (self.failed, "failed for good"), (self.unassigned, "in no job")) if n]
         return f"missing {self.missing}: " + ", ".join(parts)
@@ -103,6 +105,10 @@ def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
     done = done_ids(root / "records") & prompts
     missing = prompts - done
     out = QueueHealth(total=len(prompts), done=len(done))
+    from draftsmith.generation.tail import tail_ids
+
+    tail = missing & tail_ids(client, prefix, root)  # counted there, not in the job that handed them off
+    out.tail, missing = len(tail), missing - tail
     jobs = census(get_queue(client, prefix, "generate"), keep=of_run(root))
     order = (JobState.RUNNING, JobState.DEQUEUED, JobState.WAITING, JobState.RETRY, JobState.ORPHANED,
              JobState.FAILED)

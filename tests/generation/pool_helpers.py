@@ -22,9 +22,9 @@ STUB = REPO / "bench" / "stub_target.py"
 class Stub:
     """bench/stub_target.py in a subprocess."""
 
-    def __init__(self, delay_s: float = 0.0, answer_bytes: int = 0) -> None:
+    def __init__(self, delay_s: float = 0.0, answer_bytes: int = 0, *extra: str) -> None:
         self.proc = subprocess.Popen([sys.executable, str(STUB), "--delay-s", str(delay_s), "--answer-bytes",
-                                      str(answer_bytes)], stdout=subprocess.PIPE, text=True)
+                                      str(answer_bytes), *extra], stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         assert line.startswith("READY"), line
         self.url = f"http://127.0.0.1:{int(line.split()[1])}"

@@ -130,6 +130,8 @@ def warm_http() -> None:
     import anyio._backends._asyncio  # noqa: F401
     import httpcore  # noqa: F401
 
+    import draftsmith.target.server  # noqa: F401  (the client's auth headers)
+
     tls_context()
     with socket.socket() as s:  # a port nobody listens on: bound, never listening
         s.bind(("127.0.0.1", 0))

