@@ -156,6 +156,11 @@ def requeue_orphan(queue, job) -> None:
     iq = queue.intermediate_queue
     iq.remove(job.id)
     conn.delete(iq.get_first_seen_key(job.id))
-    StartedJobRegistry(queue.name, connection=conn, serializer=JSONSerializer).remove_executions(job)
+    # the registry's entries of this job, by their own keys: the executions' hashes may have expired with their
+    # worker (rq's `remove_executions` reads them first and raises "Execution ... not found")
+    started = StartedJobRegistry(queue.name, connection=conn, serializer=JSONSerializer)
+    entries = [f"{jid}:{eid}" for jid, eid in started.get_job_and_execution_ids(cleanup=False) if jid == job.id]
+    if entries:
+        conn.zrem(started.key, *entries)
     queue.enqueue_job(job, at_front=True)
 
