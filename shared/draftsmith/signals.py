@@ -123,7 +123,7 @@ def command(fn: Callable[..., Any], name: str, service: bool) -> Callable[..., A
 
     The interruption must leave the command as an ``Interrupted`` (a ``DraftsmithError``), not a
     ``KeyboardInterrupt``: typer catches ``KeyboardInterrupt`` around the command and exits 130 without a word,
-    which turned SIGTERM into 130 too (``Terminated`` is a ``KeyboardInterrupt``). An ``Interrupted`` the command
+    SIGTERM included (``Terminated`` is a ``KeyboardInterrupt``). An ``Interrupted`` the command
     raised itself (training, which stops at a step boundary) passes through unchanged.
 
     Raises:

@@ -197,11 +197,11 @@ def test_target_serve(env):
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, embedded_target) -> Path:
-    """The drafter tests' reference run (data/ and real SmolLM2 features), built once for this module."""
+    """The drafter tests' reference run (data/ and real SmolLM2 features) on 24 of its samples, built once here."""
     conf = _load("drafter_conftest", TESTS / "drafter" / "conftest.py")
     ref = _load("reference_run", TESTS / "drafter" / "reference_run.py")
     root = tmp_path_factory.mktemp("ref") / "ref"
-    ref.write_reference_run(root, embedded_target, conf.fixture_samples(), conf.LAYER_IDS, conf.VOCAB)
+    ref.write_reference_run(root, embedded_target, conf.fixture_samples(24), conf.LAYER_IDS, conf.VOCAB)
     return root
 
 
