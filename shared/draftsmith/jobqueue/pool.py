@@ -114,7 +114,7 @@ def worker_class(stages: list[str]):
     return ResidentWorker if set(stages) == {"extract"} else DraftsmithWorker
 
 
-def stop_workers(pool: WorkerPool, timeout_s: float = 30.0) -> None:
+def stop_pool_workers(pool: WorkerPool, timeout_s: float = 30.0) -> None:
     """SIGINT every worker of ``pool`` (rq's warm stop) and wait for them; SIGKILL what is left after
     ``timeout_s``."""
     pool.stop_workers()
@@ -174,7 +174,7 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
     try:
         pool.start(burst=burst, logging_level=s.log_level)
     except BaseException:  # a signal before rq's own handlers were in place: no worker may outlive the pool
-        stop_workers(pool)
+        stop_pool_workers(pool)
         raise
     finally:
         if owned:
