@@ -148,4 +148,5 @@ def command(fn: Callable[..., Any], name: str, service: bool) -> Callable[..., A
                 return None
             raise
 
+    run.signal_convention = "service" if service else "batch"  # type: ignore[attr-defined]
     return run

@@ -30,8 +30,6 @@ import psutil
 import pytest
 from draftsmith.target.server import free_port
 
-pytestmark = pytest.mark.slow  # real commands, real models; about 2-3 minutes in all
-
 TESTS = Path(__file__).resolve().parents[1]
 SIGNALS = [signal.SIGTERM, signal.SIGINT]
 
@@ -160,9 +158,28 @@ def env(tmp_path_factory, embedded_target) -> dict[str, str]:
             "DRAFTSMITH_METRICS__PORT": "0", "DRAFTSMITH_TARGET__KV_CACHE_GIB": "1"}
 
 
+def test_every_command_is_wrapped_once():
+    """The convention is applied in one place to every command the CLI has; the services named there exist."""
+    from draftsmith.cli import COMMANDS, SERVICES, app
+    from typer.main import get_command
+
+    def walk(cmd, prefix: str = "") -> dict:  # the click commands typer builds, by their full names
+        if hasattr(cmd, "commands"):
+            return {k: v for name, sub in cmd.commands.items() for k, v in walk(sub, f"{prefix}{name} ").items()}
+        return {prefix.strip(): cmd}
+
+    commands = walk(get_command(app))
+    assert sorted(commands) == sorted(COMMANDS) and len(COMMANDS) == len(set(COMMANDS))
+    assert SERVICES <= set(commands)
+    kinds = {name: getattr(cmd.callback, "signal_convention", None) for name, cmd in commands.items()}
+    assert kinds == {name: "service" if name in SERVICES else "batch" for name in commands}
+    assert {name for name, kind in kinds.items() if kind == "service"} == {"worker", "queue-exporter", "target serve"}
+
+
 # ---- services
 
 
+@pytest.mark.slow  # real commands, real models
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_queue_exporter(sig, env, redis_url):
     cmd = Command(["queue-exporter", "--port", "0", "--interval", "0.5"], {**env, "DRAFTSMITH_REDIS__URL": redis_url})
@@ -172,6 +189,7 @@ def test_queue_exporter(sig, env, redis_url):
     assert cmd.lines[-1] == f"queue-exporter stopped by {sig.name}"
 
 
+@pytest.mark.slow  # real commands, real models
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_worker(sig, env, redis_url):
     cmd = Command(["worker", "--processes", "2", "--queues", "generate,extract"],
@@ -183,6 +201,7 @@ def test_worker(sig, env, redis_url):
     assert_stopped(cmd, sig, True, kids, code)
 
 
+@pytest.mark.slow  # real commands, real models
 def test_target_serve(env):
     port = free_port()
     cmd = Command(["target", "serve", "--port", str(port), "--eager"], env)
@@ -213,6 +232,7 @@ def _copy_run(reference_run: Path, env: dict[str, str], name: str) -> Path:
     return dst
 
 
+@pytest.mark.slow  # real commands, real models
 @pytest.mark.parametrize("sig", [signal.SIGINT], ids=lambda s: s.name)  # SIGTERM: tests/drafter/test_train_signals.py
 def test_train(sig, env, reference_run):
     run = f"train-{sig.name}"
@@ -229,6 +249,7 @@ def test_train(sig, env, reference_run):
     assert list((root / "checkpoints").glob("step-*"))
 
 
+@pytest.mark.slow  # real commands, real models
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_extract_sync(sig, env, reference_run):
     run = f"extract-{sig.name}"
@@ -248,6 +269,7 @@ def drafter(tmp_path_factory, embedded_target) -> Path:
     return rec.write_random_drafter(embedded_target, tmp_path_factory.mktemp("drafter") / "drafter")
 
 
+@pytest.mark.slow  # real commands, real models
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_eval(sig, env, drafter, vllm_server):
     """``eval --url``: the server is the shared one (no drafter loaded), enough to keep eval sending requests."""
@@ -259,6 +281,7 @@ def test_eval(sig, env, drafter, vllm_server):
     assert_stopped(cmd, sig, False, kids, code, kept="the reports already in ")
 
 
+@pytest.mark.slow  # real commands, real models
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_demo(sig, env):
     """The demo stopped while its vLLM server starts: the server (its own session) goes with it."""
