@@ -190,9 +190,10 @@ def test_queue_exporter(sig, env, redis_url):
 
 
 @pytest.mark.slow  # real commands, real models
+@pytest.mark.parametrize("queues", ["generate,extract", "extract"])  # forking workers; resident ones (extract only)
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
-def test_worker(sig, env, redis_url):
-    cmd = Command(["worker", "--processes", "2", "--queues", "generate,extract"],
+def test_worker(sig, queues, env, redis_url):
+    cmd = Command(["worker", "--processes", "2", "--queues", queues],
                   {**env, "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": "dssig"})
     cmd.wait_for("Listening on", count=2)  # both rq workers are waiting for jobs
     time.sleep(1.0)  # past rq's start-up: a worker signalled before its handlers are in place stops late, with a traceback
