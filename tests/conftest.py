@@ -41,8 +41,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # takes the one-test stack unit also takes the unit after it at once, and that unit waits for the whole stack test.
 LONGEST_FIRST = ("@stack", "@vllm", "tests/test_secrets.py", "tests/test_mla_e2e.py", "tests/drafter/test_e2e_vllm.py",
                  "tests/drafter/test_ddp.py", "tests/features/test_vllm_tensor_parallel.py",
-                 "tests/target/test_mla_stages.py", "tests/lifecycle/test_server_signals.py",
-                 "tests/generation/test_pool_faults.py", "tests/generation/test_resume_liveness.py")
+                 "tests/target/test_mla_stages.py", "tests/lifecycle/test_signal_convention.py",
+                 "tests/lifecycle/test_server_signals.py", "tests/generation/test_pool_faults.py",
+                 "tests/generation/test_resume_liveness.py")
 SHARED_RESOURCES = {"vllm_server": "@vllm", "small_demo": "@vllm", "stack": "@stack"}
 # The unit of every test id, written by the first worker at collection and read by the controller's scheduler.
 # pytest-xdist's own `--dist loadgroup` cannot be used: it appends the group to `item._nodeid`, which pytest 9

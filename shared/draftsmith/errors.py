@@ -69,13 +69,25 @@ class TrainingError(DraftsmithError):
 
 
 class Interrupted(DraftsmithError):
-    """A signal (Ctrl-C, SIGTERM from ``timeout``/``docker stop``/a preempting scheduler) stopped a command at a safe
-    point after its work was saved. Exit code: the shell's ``128 + signal number`` (130, 143)."""
+    """A signal (Ctrl-C, SIGTERM from ``timeout``/``docker stop``/a preempting scheduler) stopped a batch command;
+    what it finished is kept. ``str(err)`` is the one line the CLI prints:
+    ``stopped by SIGTERM; kept: <kept> -> <hint>``. Exit code: the shell's ``128 + signal number`` (130, 143).
 
-    def __init__(self, message: str, hint: str | None = None, signum: int = 2) -> None:
-        super().__init__(message, hint)
+    Args:
+        kept: what the stop keeps (``"checkpoint step-00000012 in runs/r1/checkpoints"``); None when the command
+            declared nothing.
+        hint: what to do next (default: run the same command again to resume).
+        signum: the signal.
+    """
+
+    def __init__(self, kept: str | None, hint: str | None = None, signum: int = 2) -> None:
+        import signal
+
         self.signum = signum
         self.exit_code = 128 + signum
+        self.kept = kept
+        head = f"stopped by {signal.Signals(signum).name}" + (f"; kept: {kept}" if kept else "")
+        super().__init__(head, hint or "run the same command again to resume")
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -1,4 +1,9 @@
-"""SIGTERM and SIGINT for draftsmith's commands: every process a command starts stops with it.
+"""SIGTERM and SIGINT for draftsmith's commands: one convention, and every process a command starts stops with it.
+
+The convention (docs/signals.md): a service (``worker``, ``queue-exporter``, ``target serve``) stops cleanly and
+exits 0; a batch command prints one line ``stopped by SIGTERM; kept: <what> -> run the same command again to
+resume`` and exits with the shell's ``128 + signal`` (143, 130; 129 for SIGHUP). :func:`command` applies it to a
+command's function; the CLI applies it to every command in one place (:mod:`draftsmith.cli`).
 
 Python turns SIGINT into ``KeyboardInterrupt`` but dies on SIGTERM (``timeout``, ``docker stop``, a batch
 scheduler's preemption) without running ``finally`` blocks or ``__exit__``: a vLLM server started in its own process
@@ -9,9 +14,13 @@ loop that must finish its current step first (training saves a checkpoint before
 
 from __future__ import annotations
 
+import functools
 import signal
+import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
@@ -53,11 +62,6 @@ def raise_on_sigterm() -> bool:
     return ok
 
 
-def exit_code_of(exc: BaseException) -> int:
-    """Shell exit code of an interruption: 128 + signal (130 for Ctrl-C, 143 for SIGTERM)."""
-    return exc.exit_code if isinstance(exc, Terminated) else 128 + signal.SIGINT
-
-
 class StopRequest:
     """Context manager: SIGINT/SIGTERM/SIGHUP set :attr:`signum` instead of raising, so a loop can stop at a safe
     point (:attr:`requested`); a second signal raises at once (``KeyboardInterrupt`` / :class:`Terminated`).
@@ -90,3 +94,59 @@ class StopRequest:
         for sig, old in self._old.items():
             signal.signal(sig, old)  # type: ignore[arg-type]
         self._old.clear()
+
+
+_KEPT: list[str] = []  # what a stop of the running command keeps, as the command declared it (keep())
+
+
+def keep(what: str) -> None:
+    """Declare what a stop of the running command keeps (``"records in runs/r1/records"``); the "stopped by" line
+    names it. A later call replaces an earlier one."""
+    _KEPT[:] = [what]
+
+
+def signum_of(exc: BaseException) -> int:
+    """The signal behind an interruption: :class:`Terminated`'s own, else SIGINT (a plain ``KeyboardInterrupt``)."""
+    return exc.signum if isinstance(exc, Terminated) else int(signal.SIGINT)
+
+
+def command(fn: Callable[..., Any], name: str, service: bool) -> Callable[..., Any]:
+    """Wrap a CLI command's function with draftsmith's signal convention.
+
+    SIGTERM and SIGHUP raise :class:`Terminated` from the start of the command (:func:`raise_on_sigterm`), so
+    every ``finally`` and ``with`` block of the command runs (servers, pools and stage commands it started are
+    stopped there). When the interruption reaches the command's top:
+
+    - a service prints ``<name> stopped by SIG...`` and returns: exit code 0, a normal stop;
+    - a batch command raises :class:`draftsmith.errors.Interrupted`, which the CLI prints as one line
+      (``stopped by SIG...; kept: ... -> run the same command again to resume``) and exits ``128 + signal``.
+
+    The interruption must leave the command as an ``Interrupted`` (a ``DraftsmithError``), not a
+    ``KeyboardInterrupt``: typer catches ``KeyboardInterrupt`` around the command and exits 130 without a word,
+    SIGTERM included (``Terminated`` is a ``KeyboardInterrupt``). An ``Interrupted`` the command
+    raised itself (training, which stops at a step boundary) passes through unchanged.
+
+    Raises:
+        Interrupted: a batch command was stopped by a signal.
+    """
+    from draftsmith.errors import Interrupted
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _KEPT.clear()
+        raise_on_sigterm()
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt as e:
+            signum = signum_of(e)
+            if service:
+                print(f"{name} stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+                return None
+            raise Interrupted(_KEPT[0] if _KEPT else None, signum=signum) from None
+        except Interrupted:
+            if service:
+                return None
+            raise
+
+    run.signal_convention = "service" if service else "batch"  # type: ignore[attr-defined]
+    return run

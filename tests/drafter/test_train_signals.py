@@ -50,9 +50,9 @@ def test_signal_saves_a_checkpoint_and_the_next_run_resumes_from_it(sig, referen
     assert proc.returncode == 128 + sig, err[-3000:]
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"stopped: training stopped by {sig.name} after step ") and "/200; checkpoint step-" in last
-    assert last.endswith("-> run `draftsmith train --run sig` again to resume from it")
-    step = int(last.split(" after step ")[1].split("/")[0])
+    assert last.startswith(f"stopped by {sig.name}; kept: checkpoint step-") and "/200) in " in last
+    assert last.endswith(f"{runs / 'sig' / 'checkpoints'} -> run `draftsmith train --run sig` again to resume from it")
+    step = int(last.split(" (step ")[1].split("/")[0])
     assert 2 <= step < 200
     ckpts = list_checkpoints(runs / "sig" / "checkpoints")
     assert [c.name for c in ckpts] == [f"step-{step:08d}"]

@@ -58,18 +58,43 @@ def settings(**overrides: Any):
 # Stage modules register their commands on `app` when imported, in pipeline order (the order of --help).
 from draftsmith.cli import target, generate, data, extract, train, eval, demo, stack, config_cmd  # noqa: E402,F401,I001
 
+# Commands that run until stopped: a signal is their normal end (exit 0). Every other command is a batch command:
+# a signal stops it with one "stopped by" line and exit code 128 + signal (draftsmith.signals, docs/signals.md).
+SERVICES = frozenset({"worker", "queue-exporter", "target serve"})
+
+
+def _apply_signal_convention(typer_app: typer.Typer, prefix: str = "") -> list[str]:
+    """Wrap every command of ``typer_app`` (and of its sub-apps) with :func:`draftsmith.signals.command`; returns
+    the full names of the commands wrapped (``"target serve"``)."""
+    from draftsmith.signals import command
+
+    names = []
+    for info in typer_app.registered_commands:
+        name = prefix + (info.name or info.callback.__name__.lower().replace("_", "-"))
+        info.callback = command(info.callback, name, service=name in SERVICES)
+        names.append(name)
+    for group in typer_app.registered_groups:
+        names += _apply_signal_convention(group.typer_instance, f"{prefix}{group.name} ")
+    return names
+
+
+COMMANDS = _apply_signal_convention(app)
+
 
 def main() -> None:
-    """Console entry point: user errors print one line and exit with code 2; bugs keep their traceback."""
+    """Console entry point: user errors print one line and exit with code 2; a signal ends a command as
+    :data:`SERVICES` and :func:`draftsmith.signals.command` say; bugs keep their traceback."""
+    from draftsmith.errors import Interrupted
+
     try:
         app()
+    except Interrupted as e:  # plain print: a path in the line must not be read as rich markup
+        print(e, file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
     except DraftsmithError as e:
         from rich.console import Console
 
-        from draftsmith.errors import Interrupted
-
-        label = "[bold yellow]stopped:[/]" if isinstance(e, Interrupted) else "[bold red]error:[/]"
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"{label} {e}")
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {e}")
         sys.exit(e.exit_code)
     except OSError as e:
         from draftsmith.errors import is_disk_full
@@ -80,8 +105,3 @@ def main() -> None:
         print(f"error: the disk is full{where} ({e.strerror or e}) -> free some space or point runs_dir at a bigger "
               "disk, then run the command again: finished work is kept", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as draftsmith.signals.Terminated
-        from draftsmith.signals import exit_code_of
-
-        print(f"stopped by {e.args[0] if e.args else 'SIGINT'}", file=sys.stderr)
-        sys.exit(exit_code_of(e))

@@ -8,6 +8,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.signals import keep
 
 
 def _tokenizer_path(s) -> Path:
@@ -33,6 +34,7 @@ def build_data_cmd(
 
     s = settings(run=run, data={"max_length": max_length, "draft_vocab_size": draft_vocab_size})
     paths = RunPaths(s.runs_dir, s.run)
+    keep(f"the records in {paths.records}; the training data is built again from them")
     tok_path = _tokenizer_path(s)
     expected = s.target.model or tok_path.name
     res = build_data(paths.records, paths.data, tok_path, s.data, expected, check_only=check,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.signals import keep
 
 
 @app.command()
@@ -23,4 +24,7 @@ def demo(
     if size not in SIZES:
         raise ConfigError(f"unknown demo size {size!r}", f"use one of: {', '.join(SIZES)}")
     s = settings(run=run)
+    from draftsmith.paths import RunPaths
+
+    keep(f"the finished stages in {RunPaths(s.runs_dir, s.run).root} (demo.json)")
     Demo(s, SIZES[size].for_this_machine(), say=lambda m: typer.echo(m)).run(fresh=fresh)

@@ -8,6 +8,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.signals import keep
 
 
 @app.command("eval")
@@ -51,6 +52,8 @@ def eval_cmd(
         check_engine_reads_layout("sglang", check_drafter_fits(t, d))
         typer.echo(shlex.join(SGLangServerSpec(model=t, drafter=d, k=s.eval.k).command()))
         return
+    keep(f"the reports already in {s.eval.out or RunPaths(s.runs_dir, s.run).eval} (a report is written once every "
+         "set is measured)")
     paths = run_evaluation(s, offline=offline)
     typer.echo(paths["md"].read_text())
     for key in ("json", "md", "png", "prom"):

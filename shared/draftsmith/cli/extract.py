@@ -8,6 +8,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.signals import keep
 
 
 @app.command("extract")
@@ -34,6 +35,7 @@ def extract_cmd(
         parse_layer_ids(layers, 10**6)  # shape check only; range is checked against the target below
     s = settings(run=run, extract={"backend": backend, "layers": layer_list, "dtype": dtype})
     paths = RunPaths(s.runs_dir, s.run)
+    keep(f"the finished feature shards in {paths.features}")
     plan = make_plan(s, paths.root)
     check_compatible(plan)
     pending = [i for i in range(len(plan.shards)) if read_sidecar(plan.features_dir, i) is None]

@@ -6,6 +6,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.signals import keep
 
 
 @app.command()
@@ -53,6 +54,7 @@ def self_prompts(
 
     s = settings(run=run, target={"url": url, "model": model})
     path = Path(out) if out else RunPaths(s.runs_dir, s.run).self_prompts
+    keep(f"the requests written so far in {path}")
     key = secret_value(s.target.api_key)
     served = resolve_model(s.target.url, s.target.model, key)
     prefix = user_turn_prefix(load_tokenizer(_tokenizer_path(s), s.data.chat_template))

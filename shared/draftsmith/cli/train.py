@@ -7,6 +7,7 @@ import typer
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
 from draftsmith.errors import DraftsmithError
+from draftsmith.signals import keep
 
 
 def train_summary(result: dict, status_file) -> str:
@@ -44,7 +45,9 @@ def train_cmd(
                                  "resume": False if no_resume else None})
     from draftsmith import metrics
     from draftsmith.drafter.trainer import Trainer
+    from draftsmith.paths import RunPaths
 
+    keep(f"the checkpoints in {RunPaths(s.runs_dir, s.run).checkpoints}")
     trainer = Trainer(s)
     if trainer.dist.main:
         try:

@@ -456,9 +456,9 @@ class Trainer:
             self._save()
         signum = stop.signum or signal.SIGTERM  # another rank's signal under DDP
         ckpt = latest_checkpoint(self.paths.checkpoints)
-        return Interrupted(f"training stopped by {signal.Signals(signum).name} after step {self.step}/"
-                           f"{self.total_steps}; checkpoint {ckpt.name if ckpt else '?'} saved",
-                           f"run `draftsmith train --run {self.s.run}` again to resume from it", signum=signum)
+        return Interrupted(f"checkpoint {ckpt.name if ckpt else '?'} (step {self.step}/{self.total_steps}) in "
+                           f"{self.paths.checkpoints}",
+                           f"run `draftsmith train --run {self.s.run}` again to resume from it", signum=int(signum))
 
     def _run(self, stop, stop_at: int | None) -> dict[str, Any]:
         from draftsmith import metrics

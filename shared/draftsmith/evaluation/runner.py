@@ -182,7 +182,11 @@ def run_set(client: EngineClient, eval_set: EvalSet, k: int, concurrency: int = 
     before = client.counters() if speculative and client.engine == "vllm" else None
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        results = list(pool.map(lambda p: _answer(client, p, max_tokens, temperature, system), eval_set.prompts))
+        try:
+            results = list(pool.map(lambda p: _answer(client, p, max_tokens, temperature, system), eval_set.prompts))
+        except BaseException:  # a signal or a failed prompt: leaving the block would answer every queued prompt
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     m.wall_s = time.perf_counter() - t0
     turns = [t for r in results for t in r]
     m.turns = len(turns)

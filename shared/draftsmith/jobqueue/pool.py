@@ -114,6 +114,18 @@ def worker_class(stages: list[str]):
     return ResidentWorker if set(stages) == {"extract"} else DraftsmithWorker
 
 
+def stop_pool_workers(pool: WorkerPool, timeout_s: float = 30.0) -> None:
+    """SIGINT every worker of ``pool`` (rq's warm stop) and wait for them; SIGKILL what is left after
+    ``timeout_s``."""
+    pool.stop_workers()
+    deadline = time.monotonic() + timeout_s
+    for data in list(pool.worker_dict.values()):
+        data.process.join(max(0.0, deadline - time.monotonic()))
+        if data.process.is_alive():
+            data.process.kill()
+            data.process.join(5.0)
+
+
 def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool = False,
              metrics_port: int | None = None, metrics_addr: str | None = None) -> None:
     """Run ``processes`` rq workers on the queues of ``stages`` until stopped (or, with ``burst``, until empty).
@@ -161,6 +173,9 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
     t0 = time.time()
     try:
         pool.start(burst=burst, logging_level=s.log_level)
+    except BaseException:  # a signal before rq's own handlers were in place: no worker may outlive the pool
+        stop_pool_workers(pool)
+        raise
     finally:
         if owned:
             shutil.rmtree(mp_dir, ignore_errors=True)

@@ -223,10 +223,11 @@ class VLLMServer:
         return tail[-160:]
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGINT the process group, then SIGTERM, then SIGKILL; an interruption while waiting (a second Ctrl-C)
-        kills the group at once, then propagates."""
+        """SIGINT the process group, then SIGTERM, then SIGKILL, until the server and every process of its group
+        (vLLM's engine core) are gone; an interruption while waiting (a second Ctrl-C) kills the group at once,
+        then propagates."""
         _LIVE.discard(self)
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or (self.proc.poll() is not None and not group_alive(self.proc.pid)):
             return
         for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             try:
@@ -234,7 +235,7 @@ class VLLMServer:
             except ProcessLookupError:
                 return
             try:
-                self.proc.wait(wait)
+                self._wait_group(wait)
                 return
             except subprocess.TimeoutExpired:
                 continue
@@ -246,11 +247,38 @@ class VLLMServer:
                     pass
                 raise
 
+    def _wait_group(self, timeout_s: float) -> None:
+        """Wait for the server and then its whole process group: the engine core outlives the API server by a
+        moment, and a command that returned before it is gone would leave it behind.
+
+        Raises:
+            subprocess.TimeoutExpired: something of the group still runs after ``timeout_s``.
+        """
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        self.proc.wait(timeout_s)
+        while group_alive(self.proc.pid):
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.spec.command(), timeout_s)
+            time.sleep(0.1)
+
     def __enter__(self) -> VLLMServer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, already dead, do not count); read from ``/proc``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ...
+            return True
+    return False
 
 
 def auth_headers(api_key) -> dict[str, str]:
