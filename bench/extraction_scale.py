@@ -1,10 +1,10 @@
 """Extraction through the queue with one extractor worker, against the same backend extracting the same shards in
 one process.
 
-Baseline (in-process): load the target once (``get_extractor``), then ``extract_shard`` every data shard, as
-``draftsmith extract --sync`` does. Candidate (queue): ``enqueue_shards`` every shard on a Redis queue and run one
-``draftsmith worker --queues extract --processes 1 --burst``, timed from its start (its target load included, as
-the baseline's is) to its exit. Same random-token data (bench/extraction.py's ``write_data``), hf backend on CPU.
+Baseline (in-process): ``draftsmith extract --sync``, which loads the target once and extracts every data shard
+in its own process. Candidate (queue): ``enqueue_shards`` every shard on a Redis queue and run one
+``draftsmith worker --queues extract --processes 1 --burst``. Both are fresh processes timed from their start to
+their exit (interpreter, imports and the target load included on both sides). Same random-token data (bench/extraction.py's ``write_data``), hf backend on CPU.
 
 Prints tokens/s of both, the number of times the worker loaded the target (its "loading target" log lines), then
 ``RATIO extraction_queue <queue tok/s / in-process tok/s>`` (goal >= 0.9) and ``TARGET_LOADS <n>`` (goal: 1, the
@@ -30,7 +30,6 @@ from pathlib import Path
 import redis
 import torch
 from draftsmith.config import load_settings
-from draftsmith.features.jobs import extract_shard, get_extractor
 from draftsmith.features.plan import make_plan
 from draftsmith.features.queue import enqueue_shards
 from draftsmith.target.embedded import embedded_dir
@@ -50,14 +49,25 @@ def settings_for(runs: Path, target: Path, redis_url: str, batch_tokens: int):
                                     "extract": {"batch_tokens": batch_tokens, **EXTRACT}})
 
 
-def in_process(runs: Path, target: Path, redis_url: str, batch_tokens: int) -> tuple[float, int]:
-    """Seconds to load the target and extract every shard here; tokens extracted."""
+def in_process(runs: Path, target: Path, redis_url: str, batch_tokens: int, threads: int) -> tuple[float, int]:
+    """Seconds for ``draftsmith extract --sync`` (a fresh process: start, load the target once, extract every shard,
+    exit); tokens extracted."""
     s = settings_for(runs, target, redis_url, batch_tokens)
-    t0 = time.perf_counter()
     plan = make_plan(s, runs / "b")
-    x = get_extractor(plan, s)
-    tokens = sum(extract_shard(plan, i, x)["tokens"] for i in range(len(plan.shards)))
-    return time.perf_counter() - t0, tokens
+    env = {**os.environ, **_env(runs, target, redis_url, batch_tokens, threads)}
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "extract", "--run", "b", "--sync"], env=env,
+                       capture_output=True, text=True, timeout=3600)
+    seconds = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"extract --sync failed ({p.returncode}):\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    return seconds, sum(sum(e["lengths"]) for e in plan.shards)
+
+
+def _env(runs: Path, target: Path, redis_url: str, batch_tokens: int, threads: int) -> dict[str, str]:
+    return {"DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": PREFIX, "DRAFTSMITH_RUNS_DIR": str(runs),
+            "DRAFTSMITH_TARGET__PATH": str(target), "DRAFTSMITH_EXTRACT__BATCH_TOKENS": str(batch_tokens),
+            "OMP_NUM_THREADS": str(threads), **{f"DRAFTSMITH_EXTRACT__{k.upper()}": str(v) for k, v in EXTRACT.items()}}
 
 
 def through_queue(runs: Path, target: Path, redis_url: str, batch_tokens: int, threads: int) -> tuple[float, int, int]:
@@ -65,9 +75,7 @@ def through_queue(runs: Path, target: Path, redis_url: str, batch_tokens: int, t
     s = settings_for(runs, target, redis_url, batch_tokens)
     plan = make_plan(s, runs / "b")
     enqueue_shards(s, str(runs / "b"), list(range(len(plan.shards))))
-    env = {**os.environ, "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": PREFIX,
-           "DRAFTSMITH_EXTRACT__BATCH_TOKENS": str(batch_tokens), "OMP_NUM_THREADS": str(threads),
-           **{f"DRAFTSMITH_EXTRACT__{k.upper()}": str(v) for k, v in EXTRACT.items()}}
+    env = {**os.environ, **_env(runs, target, redis_url, batch_tokens, threads)}
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "draftsmith", "worker", "--queues", "extract", "--processes", "1",
                         "--burst", "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=3600)
@@ -104,14 +112,14 @@ def main() -> None:
     try:
         for name in ("inproc", "queue"):
             write_data(tmp / name / "b", target, a.shards * a.shard_samples, a.length, a.shard_samples)
-        t_in, tok_in = in_process(tmp / "inproc", target, redis_url, a.batch_tokens)
+        t_in, tok_in = in_process(tmp / "inproc", target, redis_url, a.batch_tokens, a.threads)
         t_q, tok_q, loads = through_queue(tmp / "queue", target, redis_url, a.batch_tokens, a.threads)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         redis.Redis.from_url(redis_url).flushdb()
     print(f"{a.shards} shards x {a.shard_samples} samples, {tok_in} tokens, {a.backend} backend "
           f"({a.device if a.backend == 'hf' else f'tensor parallel {a.tensor_parallel_size}'}), {a.threads} threads")
-    print(f"in-process (load + extract): {t_in:.1f} s, {tok_in / t_in:.0f} tok/s")
+    print(f"extract --sync (start + load + extract): {t_in:.1f} s, {tok_in / t_in:.0f} tok/s")
     print(f"queue, one extractor worker (start + load + extract): {t_q:.1f} s, {tok_q / t_q:.0f} tok/s, "
           f"target loads {loads}")
     print(f"RATIO extraction_queue {(tok_q / t_q) / (tok_in / t_in):.3f}")

@@ -6,6 +6,7 @@ consistent with what was enqueued). Reads the training data of formats.md §3.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -43,11 +44,21 @@ def tokenizer_sha256(model_dir: Path, chat_template: str | None = None) -> str:
     Raises:
         ModelError: the folder has no ``tokenizer.json``; DataError: the tokenizer has no chat template.
     """
+    if not (Path(model_dir) / "tokenizer.json").is_file():
+        raise ModelError(f"the target folder {model_dir} has no tokenizer.json", "point target.path at a checkpoint")
+    # a resident extraction worker plans every shard it takes: the tokenizer is loaded once per folder state
+    stamp = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(Path(model_dir).glob("*"))
+                  if f.is_file() and f.name.startswith(("tokenizer", "chat_template", "special_tokens")))
+    if chat_template and Path(chat_template).is_file():
+        stamp += ((str(chat_template), Path(chat_template).stat().st_mtime_ns),)
+    return _tokenizer_sha256(str(model_dir), chat_template, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_sha256(model_dir: str, chat_template: str | None, stamp: tuple) -> str:
     from draftsmith.data.render import load_tokenizer
     from draftsmith.data.render import tokenizer_sha256 as data_tokenizer_sha256
 
-    if not (Path(model_dir) / "tokenizer.json").is_file():
-        raise ModelError(f"the target folder {model_dir} has no tokenizer.json", "point target.path at a checkpoint")
     return data_tokenizer_sha256(load_tokenizer(model_dir, chat_template), model_dir)
 
 
