@@ -86,8 +86,10 @@ def _vllm_worker(mode: str, runs: Path, batch_tokens: int, repeats: int) -> None
                            if k.startswith(("VLLM_", "HF_", "TRANSFORMERS_", "DO_NOT"))})
         from vllm import LLM, SamplingParams
 
+        tp = s.extract.tensor_parallel_size  # the same split as the extraction engine
         llm = LLM(model=plan.target_dir, dtype=plan.compute_dtype, enforce_eager=True,
-                  max_model_len=max(max(len(q) for q in seqs) + 8, 256), enable_prefix_caching=False, seed=0)
+                  max_model_len=max(max(len(q) for q in seqs) + 8, 256), enable_prefix_caching=False, seed=0,
+                  tensor_parallel_size=tp, **({"distributed_executor_backend": "mp"} if tp > 1 else {}))
         prompts = [{"prompt_token_ids": [int(t) for t in q]} for q in seqs]
         run = lambda: llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)  # noqa: E731
     run()  # warm-up
