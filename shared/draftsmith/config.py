@@ -273,6 +273,9 @@ class TrainConfig(Section):
     eval_fraction: float = Field(0.05, ge=0, lt=1, description="Share of samples held out for evaluation.")
     eval_every: int = Field(200, ge=1, description="Held-out evaluation every N optimizer steps (and at the end).")
     log_every: int = Field(10, ge=1, description="One progress line every N optimizer steps.")
+    peak_tflops: float | None = Field(
+        None, gt=0, description="Peak dense TFLOP/s of one training device, for the MFU in the progress line; None = "
+        "the published bf16 peak of a known GPU (A100, H100, H200, B200), else no MFU (draftsmith.drafter.flops).")
     save_every: int = Field(500, ge=1, description="Checkpoint every N optimizer steps (and at the end).")
     keep: int = Field(3, ge=1, description="Checkpoints kept (oldest removed).")
     seed: int = Field(0, description="Seed of init, shuffling and every random generator.")

@@ -36,6 +36,7 @@ from draftsmith.drafter.checkpoint import (
 )
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, collate, make_batches
+from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.ttt import StepStats, draft_rows, target_view, ttt_loss
 from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
@@ -130,12 +131,44 @@ def _fmt_s(s: float) -> str:
     return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def progress_line(step: int, total: int, epoch: int, st: StepStats, lr: float, tps: float, elapsed: float) -> str:
+@dataclass
+class StepTiming:
+    """What the progress line adds beyond the losses: the last gradient norm, seconds per optimizer step, the peak
+    memory of the process (GB: ``torch.cuda.max_memory_allocated`` on a GPU, the resident high-water mark on a CPU)
+    and the model FLOPs utilisation (None where the device's peak is unknown; :mod:`draftsmith.drafter.flops`)."""
+
+    grad_norm: float | None = None
+    step_s: float | None = None
+    peak_gb: float | None = None
+    mfu: float | None = None
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory of this process so far, in GB: allocated by torch on a GPU, resident (``ru_maxrss``) on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+
+
+def progress_line(step: int, total: int, epoch: int, st: StepStats, lr: float, tps: float, elapsed: float,
+                  timing: StepTiming | None = None) -> str:
     """The fixed-format progress line (one per interval)."""
     eta = elapsed / max(step, 1) * (total - step)
     accs = "/".join(f"{a:.3f}" for a in st.accs)
+    t = timing or StepTiming()
+    extra = ""
+    if t.grad_norm is not None:
+        extra += f"grad_norm {t.grad_norm:.3f} "
+    if t.step_s is not None:
+        extra += f"step_s {t.step_s:.2f} "
+    if t.peak_gb is not None:
+        extra += f"peak_mem {t.peak_gb:.2f} GB "
+    if t.mfu is not None:
+        extra += f"mfu {100 * t.mfu:.1f}% "
     return (f"step {step:>7d}/{total} epoch {epoch} loss {sum(st.losses) / max(len(st.losses), 1):.4f} "
-            f"acc {accs} accept_len {st.acceptance_length:.3f} lr {lr:.3e} tok/s {tps:,.0f} "
+            f"acc {accs} accept_len {st.acceptance_length:.3f} lr {lr:.3e} tok/s {tps:,.0f} {extra}"
             f"elapsed {_fmt_s(elapsed)} eta {_fmt_s(eta)}")
 
 
@@ -189,6 +222,10 @@ class Trainer:
         self.lm_head = self.lm_head.to(self.dist.device)
         self.train_ids, self.held_ids, self.extract_skipped = self._usable_split()
         self.lengths = {i: self.samples.samples[i].input_ids.numel() for i in self.train_ids}
+        mean_len = sum(self.lengths.values()) / max(len(self.lengths), 1)
+        self._flops_per_token = train_flops_per_token(self.cfg, int(mean_len), self.tc.ttt_steps)
+        self._peak_flops = peak_flops(str(self.dist.device), self.tc.peak_tflops)
+        self._batch_tokens = 0
         self.objective = TTTObjective(self.model, self.tc.ttt_steps, self.tc.loss_decay,
                                       self.tc.loss_rows == "all", self.tc.feature_noise)
         self.ddp = self.objective
@@ -311,6 +348,7 @@ class Trainer:
             return None
         kept = [ids[j] for j in keep]
         b = collate([samples[j] for j in keep], [feats[j] for j in keep])
+        self._batch_tokens = int(b["lengths"].sum())  # on the host, before the batch moves to the device
         b = {k: v.to(self.dist.device) for k, v in b.items()}
         b["in_vocab"] = self._in_vocab(kept, b)
         return b
@@ -387,15 +425,19 @@ class Trainer:
             torch.distributed.barrier()
 
     def _report(
-        self, interval: StepStats, tokens: float, t_int: float, t0: float, held: StepStats | None, line: bool = True
+        self, interval: StepStats, tokens: float, t_int: float, t0: float, held: StepStats | None, line: bool = True,
+        timing: StepTiming | None = None,
     ) -> None:
         from draftsmith import metrics
 
         run = self.s.run
         lr = self.sched.get_last_lr()[0]
         tps = tokens / max(t_int, 1e-9)
+        if timing is not None and timing.mfu is None and tps:
+            timing.mfu = mfu(tps, self._flops_per_token, self.dist.world, self._peak_flops)
         if self.dist.main and line:
-            log.info(progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0))
+            log.info(progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0,
+                                   timing))
         metrics.TRAIN_STEP.labels(run).set(self.step)
         metrics.TRAIN_EPOCH.labels(run).set(self.epoch)
         metrics.TRAIN_LR.labels(run).set(lr)
@@ -413,7 +455,7 @@ class Trainer:
             done = not line  # the closing report after the last step
             write_snapshot(
                 self.paths.root, "train", "done" if done else "running",
-                progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0)
+                progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0, timing)
                 + ("" if held is None else f" | held-out accept_len {held.acceptance_length:.3f}"),
                 step=self.step, total_steps=self.total_steps, epoch=self.epoch, lr=lr, tokens_per_s=tps,
                 elapsed_s=time.time() - t0, precision=self.precision,
@@ -466,6 +508,8 @@ class Trainer:
         tc, t0 = self.tc, time.time()
         self.objective.train()
         interval, tokens, t_int = StepStats(), 0.0, time.time()
+        losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses, checked with its gradient
+        last_gnorm, steps_in_interval = torch.zeros(()), 0
         run_tokens = 0.0  # this process's tokens: the closing report's tok/s is their average rate
         held = None
         last_train = StepStats()
@@ -482,23 +526,28 @@ class Trainer:
                         if batch is None:
                             continue
                         loss, st = self._forward(batch, self.ddp)
-                        if not torch.isfinite(loss):
-                            raise TrainingError(f"loss is {loss.item()} at step {self.step}",
-                                                "the last good checkpoint is kept; lower train.lr or check features")
+                        losses.append(loss.detach())
                         (loss * scale / tc.grad_accum).backward()
                     if not scale:
                         continue
                     interval.add(st)
-                    n_tok = float(batch["lengths"].sum())
+                    n_tok = float(self._batch_tokens)  # counted on the host when the batch was built
                     tokens += n_tok
                     run_tokens += n_tok
                     metrics.TRAIN_TOKENS.labels(self.s.run).inc(n_tok)
                 gnorm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), tc.grad_clip)
                 gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # FSDP: a DTensor
-                if not torch.isfinite(gnorm):
-                    raise TrainingError(f"gradient norm is {gnorm.item()} at step {self.step}",
+                # the one read of the device per optimizer step: a NaN or Inf must stop before it reaches the
+                # weights (every figure of the progress line is read once per log interval instead)
+                finite = torch.stack([torch.isfinite(gnorm), *(torch.isfinite(x) for x in losses)]).all().item()
+                if not finite:
+                    bad = next((x for x in losses if not torch.isfinite(x)), None)
+                    what = f"loss is {bad.item()}" if bad is not None else f"gradient norm is {gnorm.item()}"
+                    raise TrainingError(f"{what} at step {self.step}",
                                         "the last good checkpoint is kept; lower train.lr or check features")
-                metrics.TRAIN_GRAD_NORM.labels(self.s.run).set(float(gnorm))
+                losses.clear()
+                last_gnorm = gnorm.detach()
+                steps_in_interval += 1
                 self.opt.step()
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
@@ -508,8 +557,13 @@ class Trainer:
                     held = self.evaluate()
                 if self.step % tc.log_every == 0 or self.step == self.total_steps:
                     red = StepStats.from_tensor(_all_sum(interval.as_tensor(), self.dist))
-                    self._report(red, tokens * self.dist.world, time.time() - t_int, t0, held)
+                    gn = float(last_gnorm)
+                    metrics.TRAIN_GRAD_NORM.labels(self.s.run).set(gn)
+                    timing = StepTiming(grad_norm=gn, step_s=(time.time() - t_int) / max(steps_in_interval, 1),
+                                        peak_gb=peak_memory_gb(self.dist.device))
+                    self._report(red, tokens * self.dist.world, time.time() - t_int, t0, held, timing=timing)
                     last_train, interval, tokens, t_int = red, StepStats(), 0.0, time.time()
+                    steps_in_interval = 0
                 saved = self.step % tc.save_every == 0 and self.step < self.total_steps
                 if saved:
                     self._save()
