@@ -154,6 +154,7 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  generation_scale.py --busy         the same with one core spun meanwhile (a shared host)"
 	@echo "  generation_scale.py --tail         a long-tailed server: the pool's hand-off vs bare clients"
 	@echo "  drills.py                          the full fault drills (make bench runs a short round)"
+	@echo "  ttt_memory.py [--quick]            TTT step memory vs sequence length, blockwise vs dense (needs ~16 GiB free)"
 
 .PHONY: clean
 clean: ## Remove the virtualenv and runs/

@@ -1,4 +1,5 @@
-"""draftsmith.allocator: glibc keeps freed large blocks, so a training step stops mapping and unmapping them."""
+"""draftsmith.allocator: glibc keeps freed large blocks, so a training step stops mapping and unmapping them; the
+trainer asks for it only for micro-batches of at most KEEP_FREED_MAX_TOKENS tokens (its peak grows at long ones)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 
 PROBE = """
 import sys
-from draftsmith.allocator import keep_freed_memory
-applied = keep_freed_memory() if sys.argv[1] == "keep" else False
+from draftsmith.allocator import keep_freed_memory, keep_freed_memory_for
+mode = sys.argv[1]
+applied = keep_freed_memory() if mode == "keep" else keep_freed_memory_for(int(mode)) if mode.isdigit() else False
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 import ctypes
@@ -36,3 +38,16 @@ def test_freed_blocks_stay_in_the_process_only_when_asked():
     assert run("default") == ("False", 64)  # glibc unmaps a freed 64 MiB block at once: RSS drops by 64 MiB
     applied, freed_mb = run("keep")
     assert applied == "True" and freed_mb == 0  # kept in the heap for the next step
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
+def test_trainer_keeps_freed_memory_only_for_short_micro_batches():
+    from draftsmith.allocator import KEEP_FREED_MAX_TOKENS
+
+    def run(tokens: int) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", PROBE, str(tokens)], capture_output=True, text=True, check=True)
+        applied, freed_mb = out.stdout.split()
+        return applied, int(freed_mb)
+
+    assert run(KEEP_FREED_MAX_TOKENS) == ("True", 0)
+    assert run(KEEP_FREED_MAX_TOKENS + 1) == ("False", 64)

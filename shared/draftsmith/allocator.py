@@ -8,7 +8,13 @@ spent in the kernel. :func:`keep_freed_memory` sets glibc's own knobs (``mallopt
 no trimming of the heap), which is what PyTorch's CPU performance guide reaches by preloading jemalloc or tcmalloc;
 training ran 1.23x (steady state) to 1.30x (first epoch) faster and bf16 extraction 1.26x, float32 extraction
 unchanged (docs/benchmarks.md, "bf16 where the CPU has AMX"). The price: the
-process keeps its peak heap until it exits, which a training or extraction process does anyway.
+process keeps its peak heap until it exits, which a training or extraction process does anyway, and a higher peak:
+freed blocks stay where they are in the heap, and a later, larger one cannot use the hole. Measured on long
+sequences (docs/benchmarks.md, "TTT memory"; one float32 step of an 8B-shaped drafter layer, blockwise TTT) the peak
+above the model was 23 % higher at 2k tokens (2.58 vs 2.10 GB), about 50 % at 4k (5.0-5.3 vs 3.5 GB) and 8k
+(10.0 vs 6.7 GB), for a step about 10 % faster at 4k. So the trainer keeps freed memory only for micro-batches of at
+most :data:`KEEP_FREED_MAX_TOKENS` padded tokens (:func:`keep_freed_memory_for`), where the blocks are small and the
+time is won; the extractor always does (its batches are bounded by ``extract.batch_tokens``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ _M_TOP_PAD = -2
 _M_MMAP_MAX = -4
 
 _APPLIED = False
+
+# Largest micro-batch (padded tokens) for which the trainer keeps freed memory (module docstring).
+KEEP_FREED_MAX_TOKENS = 2048
 
 
 def keep_freed_memory() -> bool:
@@ -54,3 +63,17 @@ def keep_freed_memory() -> bool:
     if ok:
         log.debug("glibc allocator: large blocks from the heap, freed memory kept (mallopt)")
     return ok
+
+
+def keep_freed_memory_for(tokens: int) -> bool:
+    """:func:`keep_freed_memory` when a micro-batch holds at most :data:`KEEP_FREED_MAX_TOKENS` padded tokens;
+    above that glibc's defaults stay (large blocks mapped and unmapped: no heap fragmentation at long sequences).
+
+    Returns:
+        True when freed memory is kept (applied now or before in this process).
+    """
+    if tokens > KEEP_FREED_MAX_TOKENS:
+        if not _APPLIED:
+            log.debug("glibc allocator left at its defaults: micro-batches of up to %d tokens", tokens)
+        return _APPLIED
+    return keep_freed_memory()

@@ -221,6 +221,14 @@ class TrainConfig(Section):
     """EAGLE-3 drafter training."""
 
     ttt_steps: int = Field(7, ge=1, description="Training-time-test unroll depth k.")
+    ttt_attention: Literal["blockwise", "dense"] = Field(
+        "blockwise", description="Attention of TTT steps >= 1: blockwise (online softmax over tiles, memory "
+        "linear in the sequence length) or dense (explicit [T, T] scores, the reference; drafter/ttt_attention.py).",
+    )
+    ttt_loss: Literal["chunked", "dense"] = Field(
+        "chunked", description="Per-step soft-CE over the draft vocabulary: chunked (sequence chunks under "
+        "activation checkpointing, no [T, N] tensor kept for backward) or dense (the reference; drafter/ttt.py).",
+    )
     draft_vocab_size: int | None = Field(
         None, ge=1, description="Draft vocabulary size N (data/vocab/draft-N must exist); None = data.draft_vocab_size."
     )

@@ -21,8 +21,6 @@ weight for weight so that training matches serving:
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,6 +33,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from draftsmith.drafter.config import DraftConfig
+from draftsmith.drafter.ttt_attention import ATTENTION
 
 # One layer's keys/values per draft step: cache[step] = (k, v), each [B, h_kv, T, d] (rotated keys).
 LayerCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -42,6 +41,8 @@ LayerCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 class DraftAttention(nn.Module):
     """Grouped-query self-attention with the training-time-test key layout (see module docstring)."""
+
+    ttt_attention = "blockwise"  # steps >= 1: "blockwise" or "dense" (drafter/ttt_attention.set_ttt_attention)
 
     def __init__(self, cfg: DraftConfig, in_features: int) -> None:
         super().__init__()
@@ -69,22 +70,12 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.h_kv, self.d).transpose(1, 2)  # [B, h_kv, T, d]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         cache.append((k, v))
-        rep = self.h // self.h_kv
-        k0, v0 = repeat_kv(cache[0][0], rep), repeat_kv(cache[0][1], rep)  # [B, h, T, d]
         if len(cache) == 1:
+            rep = self.h // self.h_kv
+            k0, v0 = repeat_kv(cache[0][0], rep), repeat_kv(cache[0][1], rep)  # [B, h, T, d]
             out = F.scaled_dot_product_attention(q, k0, v0, is_causal=True)  # [B, h, T, d]
-        else:
-            scale = 1.0 / math.sqrt(self.d)
-            s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, h, T, T]
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            s0 = s0.masked_fill(~causal, float("-inf"))
-            ks = [repeat_kv(kk, rep) for kk, _ in cache[1:]]
-            vs = [repeat_kv(vv, rep) for _, vv in cache[1:]]
-            sd = torch.stack([(q * kk).sum(-1) for kk in ks], dim=-1) * scale  # [B, h, T, j]
-            p = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(q.dtype)  # [B, h, T, T + j]
-            out = p[..., :T] @ v0  # [B, h, T, d]
-            for i, vv in enumerate(vs):
-                out = out + p[..., T + i, None] * vv
+        else:  # causal block over the step-0 keys + this row's keys of steps 1..j (drafter/ttt_attention.py)
+            out = ATTENTION[self.ttt_attention](q, cache)  # [B, h, T, d]
         out = out.transpose(1, 2).reshape(B, T, self.h * self.d)  # [B, T, h*d]
         return self.o_proj(out)
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from draftsmith.allocator import keep_freed_memory
+from draftsmith.allocator import keep_freed_memory_for
 from draftsmith.artifacts.features import MANIFEST_FILE as FEATURES_MANIFEST
 from draftsmith.drafter.checkpoint import (
     full_model_state,
@@ -39,6 +39,7 @@ from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.ttt import StepStats, draft_rows, target_view, ttt_loss
+from draftsmith.drafter.ttt_attention import set_ttt_attention
 from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
 from draftsmith.errors import DataError, Interrupted, TrainingError
 from draftsmith.log import get_logger
@@ -52,23 +53,23 @@ class TTTObjective(nn.Module):
     """Wraps the drafter so that DDP sees one ``forward`` per micro-batch (the whole TTT unroll).
 
     Args:
-        k, decay, all_rows: see :func:`~draftsmith.drafter.ttt.ttt_loss`.
+        k, decay, all_rows, loss: see :func:`~draftsmith.drafter.ttt.ttt_loss`.
         feature_noise: in training mode, Gaussian noise of ``feature_noise`` x (per-token RMS of each aux feature)
             is added to the aux features (a regulariser against the train / held-out gap; off in eval mode).
     """
 
     def __init__(self, drafter: Eagle3Drafter, k: int, decay: float, all_rows: bool = False,
-                 feature_noise: float = 0.0) -> None:
+                 feature_noise: float = 0.0, loss: str = "chunked") -> None:
         super().__init__()
         self.drafter, self.k, self.decay = drafter, k, decay
-        self.all_rows, self.feature_noise = all_rows, feature_noise
+        self.all_rows, self.feature_noise, self.loss = all_rows, feature_noise, loss
 
     def forward(self, batch: dict[str, torch.Tensor], view) -> tuple[torch.Tensor, StepStats]:
         aux = batch["aux"]
         if self.training and self.feature_noise > 0:
             aux = add_feature_noise(aux.float(), len(self.drafter.cfg.layer_ids), self.feature_noise)
         return ttt_loss(self.drafter, batch["input_ids"], batch["loss_mask"], aux, batch["lengths"],
-                        view, self.k, self.decay, self.all_rows)
+                        view, self.k, self.decay, self.all_rows, self.loss)
 
 
 def add_feature_noise(aux: torch.Tensor, n_aux: int, scale: float) -> torch.Tensor:
@@ -182,7 +183,6 @@ class Trainer:
     """
 
     def __init__(self, settings, features: FeatureSource | None = None) -> None:
-        keep_freed_memory()  # glibc: no mmap/munmap per step (draftsmith.allocator)
         from draftsmith.target.checkpoint import target_checkpoint
 
         self.s, self.tc = settings, settings.train
@@ -226,8 +226,11 @@ class Trainer:
         self._flops_per_token = train_flops_per_token(self.cfg, int(mean_len), self.tc.ttt_steps)
         self._peak_flops = peak_flops(str(self.dist.device), self.tc.peak_tflops)
         self._batch_tokens = 0
+        # glibc: no mmap/munmap per step for short micro-batches, its defaults for long ones (draftsmith.allocator)
+        keep_freed_memory_for(min(self.tc.batch_tokens, self.tc.batch_size * max(self.lengths.values(), default=0)))
+        set_ttt_attention(self.model, self.tc.ttt_attention)
         self.objective = TTTObjective(self.model, self.tc.ttt_steps, self.tc.loss_decay,
-                                      self.tc.loss_rows == "all", self.tc.feature_noise)
+                                      self.tc.loss_rows == "all", self.tc.feature_noise, self.tc.ttt_loss)
         self.ddp = self.objective
         self.sharded = self.dist.world > 1 and self.tc.parallel == "fsdp"
         if self.sharded:

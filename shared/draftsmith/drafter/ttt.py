@@ -137,6 +137,11 @@ def simulated_acceptance_length(accs: list[float]) -> float:
     return total
 
 
+# Elements of one loss chunk's draft-vocabulary tensors ([B, rows, N]); 2**24 floats = 64 MiB in float32.
+LOSS_CHUNK_ELEMENTS = 2**24
+LOSS_MODES = ("chunked", "dense")
+
+
 def ttt_loss(
     model,
     input_ids: torch.Tensor,
@@ -147,6 +152,7 @@ def ttt_loss(
     k: int,
     decay: float = 0.8,
     all_rows: bool = False,
+    loss: str = "chunked",
 ) -> tuple[torch.Tensor, StepStats]:
     """Unroll ``k`` draft steps and return the weighted loss and per-step sums.
 
@@ -158,10 +164,18 @@ def ttt_loss(
         k: unroll depth. decay: step weight base.
         all_rows: put every in-range row in the loss (prompt tokens too), not only loss-masked ones; the
             returned accuracy still counts loss-masked rows only, so figures stay comparable.
+        loss: ``"chunked"`` (``train.ttt_loss``' default): each step's logits, log-softmax and soft-CE are
+            computed in sequence chunks of about :data:`LOSS_CHUNK_ELEMENTS` with their gradients taken at once
+            (:class:`_ChunkedSoftCE`), so no ``[B, T, N]`` tensor of a step is kept for backward and nothing is
+            recomputed; the target distribution is read in place, not shifted and copied per step. ``"dense"``:
+            the whole step at once with its tensors kept for backward (the implementation before, the reference of
+            ``tests/drafter/test_ttt_blockwise.py``).
 
     Returns:
         ``(loss scalar, StepStats)``; the loss is ``sum_j decay**j * mean_rows(CE_j)``.
     """
+    if loss not in LOSS_MODES:
+        raise ValueError(f"ttt loss {loss!r} is not one of {LOSS_MODES}")
     B, T = input_ids.shape
     t_idx = torch.arange(T, device=input_ids.device).unsqueeze(0)  # [1, T]
     hidden = model.fuse(aux_hidden)  # [B, T, H]
@@ -169,24 +183,136 @@ def ttt_loss(
     total = hidden.new_zeros(())
     stats = StepStats()
     lmask = loss_mask.bool()
+    head = _HeadGrads(k) if loss == "chunked" and torch.is_grad_enabled() else None
     for j in range(k):
         ids_j = _shift(input_ids, j + 1)  # [B, T] token x[t+j+1]
         normed, prenorm = model.step(ids_j, hidden, j, caches)  # [B, T, H] each
-        logits = model.logits(normed).float()  # [B, T, N]
         in_range = (t_idx + j + 2) < lengths.unsqueeze(1)  # [B, T]
         supervised = in_range & _shift(lmask, j + 2)  # [B, T]
         in_vocab = _shift(view.in_vocab, j + 1)  # [B, T]
         rows = (in_range if all_rows else supervised) & in_vocab  # [B, T] rows in the loss
-        tgt = _shift(view.probs, j + 1)  # [B, T, N]
-        ce = -(tgt * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T]
         n_rows = rows.sum()
-        ce_sum = (ce * rows).sum()
-        total = total + (decay**j) * ce_sum / n_rows.clamp(min=1)
-        with torch.no_grad():
-            correct = ((logits.argmax(-1) == _shift(view.top, j + 1)) & supervised & in_vocab).sum()
+        if loss == "dense":
+            logits = model.logits(normed).float()  # [B, T, N]
+            tgt = _shift(view.probs, j + 1)  # [B, T, N]
+            ce = -(tgt * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T]
+            ce_sum = (ce * rows).sum()
+            total = total + (decay**j) * ce_sum / n_rows.clamp(min=1)
+            with torch.no_grad():
+                correct = ((logits.argmax(-1) == _shift(view.top, j + 1)) & supervised & in_vocab).sum()
+        else:
+            weight = (decay**j) / n_rows.clamp(min=1)
+            step = _StepLoss(model, view, j, rows, supervised & in_vocab, weight, head)
+            params = head.params(model) if head is not None else []
+            total = total + _ChunkedSoftCE.apply(step, normed, *params)
+            ce_sum, correct = step.ce_sum, step.correct
         stats.loss_sum.append(float(ce_sum.detach()))
         stats.loss_rows.append(float(n_rows))
         stats.correct.append(float(correct))
         stats.supervised.append(float(supervised.sum()))
         hidden = prenorm
     return total, stats
+
+
+class _HeadGrads:
+    """Gradient buffers of the parameters behind ``model.logits``, shared by the ``k`` steps of one unroll.
+
+    Each step adds ``weight_j * d(ce_sum_j)/d(param)`` in its forward; the loss is ``sum_j weight_j * ce_sum_j``
+    built inside :func:`ttt_loss`, so every step's term gets the same upstream gradient ``g`` in backward and the
+    first step to run backward hands out ``g *`` the sums (the others return none). A term differentiated on its
+    own (a different ``g``) or a second backward through the same graph raises instead of giving wrong gradients.
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k, self.grads, self.g, self.seen = k, None, None, 0
+        self._params: list[torch.Tensor] | None = None
+
+    def params(self, model) -> list[torch.Tensor]:
+        """The trainable parameters as the model holds them now (FSDP swaps in unsharded ones for forward)."""
+        if self._params is None:
+            self._params = [p for p in model.parameters() if p.requires_grad]
+            self.grads = [None] * len(self._params)
+        return self._params
+
+    def add(self, grads) -> None:
+        for i, g in enumerate(grads):
+            if g is not None:
+                self.grads[i] = g if self.grads[i] is None else self.grads[i].add_(g)
+
+    def take(self, g: torch.Tensor) -> list[torch.Tensor | None] | None:
+        """Called by each step's backward with its upstream gradient; the parameter gradients on the first call."""
+        self.seen += 1
+        if self.seen > self.k:
+            raise RuntimeError("the chunked TTT loss cannot be backpropagated twice (set train.ttt_loss: dense)")
+        if self.g is None:
+            self.g = g
+            grads, self.grads = self.grads, None
+            return [None if t is None else (t if bool(g == 1) else t * g) for t in grads]
+        if not torch.equal(g, self.g):
+            raise RuntimeError("the chunked TTT loss's step terms can only be differentiated through their sum")
+        return None
+
+
+class _StepLoss:
+    """One step's inputs of :class:`_ChunkedSoftCE` and, after its forward, ``ce_sum`` and ``correct``."""
+
+    def __init__(self, model, view: TargetView, j: int, rows: torch.Tensor, counted: torch.Tensor,
+                 weight: torch.Tensor, head: _HeadGrads | None) -> None:
+        self.model, self.view, self.j, self.rows, self.counted = model, view, j, rows, counted
+        self.weight, self.head = weight, head
+        self.ce_sum: torch.Tensor | None = None
+        self.correct: torch.Tensor | None = None
+
+
+class _ChunkedSoftCE(torch.autograd.Function):
+    """``weight_j * ce_sum_j`` of one TTT step, in sequence chunks, its gradients taken in forward.
+
+    Row ``t``'s target is the view at ``t + j + 1``; rows ``t >= T - j - 1`` have none and are never in the loss
+    (``t + j + 2 < length <= T`` fails), so they are skipped and the view is sliced, not shifted and copied. Per
+    chunk: ``model.logits`` (so autocast and whatever the head does apply as in the dense loss), log-softmax,
+    soft-CE, and ``torch.autograd.grad`` of the chunk's term for the chunk's rows of the input and the head's
+    parameters: what backward would compute, done while the chunk's ``[B, c, N]`` tensors exist, so only the
+    input's gradient ``[B, T, H]`` is kept (in place of the input, which the dense loss keeps) and the parameter
+    gradients are summed over chunks and steps in one buffer (:class:`_HeadGrads`). The technique of fused
+    linear-cross-entropy kernels (e.g. Liger Kernel, Hsu et al., 2024, arXiv:2410.10989).
+    """
+
+    @staticmethod
+    def forward(ctx, step: _StepLoss, x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        j, view, model = step.j, step.view, step.model
+        n = max(T - j - 1, 0)  # rows with a target position
+        N = view.probs.shape[-1]
+        c = max(1, LOSS_CHUNK_ELEMENTS // (B * N))  # sequence positions per chunk
+        grad = step.head is not None
+        dx = torch.zeros_like(x) if grad else None
+        ce_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+        correct = torch.zeros((), dtype=torch.long, device=x.device)
+        for s in range(0, n, c):
+            e = min(n, s + c)
+            tgt, top = view.probs[:, s + j + 1 : e + j + 1], view.top[:, s + j + 1 : e + j + 1]
+            with torch.set_grad_enabled(grad):
+                xc = x[:, s:e].detach().requires_grad_(grad)
+                logits = model.logits(xc).float()  # [B, c, N]
+                part = (-(tgt * F.log_softmax(logits, dim=-1)).sum(-1) * step.rows[:, s:e]).sum()
+                term = part * step.weight
+            correct += ((logits.detach().argmax(-1) == top) & step.counted[:, s:e]).sum()
+            ce_sum += part.detach()
+            if grad:
+                g = torch.autograd.grad(term, [xc, *params], allow_unused=True)
+                dx[:, s:e] = g[0]
+                step.head.add(g[1:])
+            del logits, part, term
+        step.ce_sum, step.correct = ce_sum, correct
+        ctx.step = step
+        if grad:
+            ctx.save_for_backward(dx)
+        return step.weight * ce_sum
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        step, (dx,) = ctx.step, ctx.saved_tensors
+        pgrads = step.head.take(g)
+        dx = dx if bool(g == 1) else dx * g
+        n_params = len(step.head.params(step.model))
+        return (None, dx, *(pgrads if pgrads is not None else [None] * n_params))
