@@ -155,6 +155,10 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  generation_scale.py --tail         a long-tailed server: the pool's hand-off vs bare clients"
 	@echo "  drills.py                          the full fault drills (make bench runs a short round)"
 	@echo "  ttt_memory.py [--quick]            TTT step memory vs sequence length, blockwise vs dense (needs ~16 GiB free)"
+	@echo "  extraction.py --vllm               the vllm backend vs vLLM's own prefill (two engines it starts)"
+	@echo "  extraction_scale.py                one resident extractor worker vs extract --sync (RATIO, TARGET_LOADS)"
+	@echo "  long_context.py [--length 8192]    build-data, extract and train on long joined conversations"
+	@echo "  scripts/gpu-check.sh               the GPU host's one prepared run of the above (not a bench/ file)"
 
 .PHONY: clean
 clean: ## Remove the virtualenv and runs/
