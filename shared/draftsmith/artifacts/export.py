@@ -17,6 +17,7 @@ from draftsmith.errors import ModelError
 # costs no transformers import; tests/test_artifacts_owners.py checks they still agree.
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's weight map (SAFE_WEIGHTS_INDEX_NAME)
 EAGLE3 = "eagle3"
 SPECULATORS = "speculators"
 LAYOUTS = (EAGLE3, SPECULATORS)

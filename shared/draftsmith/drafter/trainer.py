@@ -511,7 +511,6 @@ class Trainer:
         tc, t0 = self.tc, time.time()
         self.objective.train()
         interval, tokens, t_int = StepStats(), 0.0, time.time()
-        losses: list[torch.Tensor] = []  # this optimizer step's micro-batch losses, checked with its gradient
         last_gnorm, steps_in_interval = torch.zeros(()), 0
         run_tokens = 0.0  # this process's tokens: the closing report's tok/s is their average rate
         held = None
@@ -529,7 +528,10 @@ class Trainer:
                         if batch is None:
                             continue
                         loss, st = self._forward(batch, self.ddp)
-                        losses.append(loss.detach())
+                        # before backward: the chunked loss's backward refuses a NaN upstream gradient
+                        if not torch.isfinite(loss):
+                            raise TrainingError(f"loss is {loss.item()} at step {self.step}",
+                                                "the last good checkpoint is kept; lower train.lr or check features")
                         (loss * scale / tc.grad_accum).backward()
                     if not scale:
                         continue
@@ -540,15 +542,11 @@ class Trainer:
                     metrics.TRAIN_TOKENS.labels(self.s.run).inc(n_tok)
                 gnorm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), tc.grad_clip)
                 gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # FSDP: a DTensor
-                # the one read of the device per optimizer step: a NaN or Inf must stop before it reaches the
-                # weights (every figure of the progress line is read once per log interval instead)
-                finite = torch.stack([torch.isfinite(gnorm), *(torch.isfinite(x) for x in losses)]).all().item()
-                if not finite:
-                    bad = next((x for x in losses if not torch.isfinite(x)), None)
-                    what = f"loss is {bad.item()}" if bad is not None else f"gradient norm is {gnorm.item()}"
-                    raise TrainingError(f"{what} at step {self.step}",
+                # a NaN or Inf must stop before it reaches the weights: the only reads of the device per step are
+                # these guards (every figure of the progress line is read once per log interval instead)
+                if not torch.isfinite(gnorm):
+                    raise TrainingError(f"gradient norm is {gnorm.item()} at step {self.step}",
                                         "the last good checkpoint is kept; lower train.lr or check features")
-                losses.clear()
                 last_gnorm = gnorm.detach()
                 steps_in_interval += 1
                 self.opt.step()

@@ -86,8 +86,10 @@ def load_final_norm(target_dir: Path) -> torch.Tensor:
 
     from safetensors import safe_open
 
+    from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
+
     target_dir = Path(target_dir)
-    index = target_dir / "model.safetensors.index.json"
+    index = target_dir / WEIGHTS_INDEX_FILE
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
         key = final_norm_key(list(weight_map))
