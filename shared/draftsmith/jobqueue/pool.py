@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
 from rq.worker_pool import WorkerPool
 
 from draftsmith.config import Settings
@@ -60,6 +61,38 @@ class DraftsmithPool(WorkerPool):
     disk_full = False
     compact_every_s = 10.0
     _compacted_at = 0.0
+    # A worker can miss its stop signal: one that arrives while the worker is still starting (before rq's handlers
+    # are in place, or inside a library call that swallows the exception) left an idle worker running and its pool
+    # waiting for it forever (a CI run under load). A stopped pool repeats the signal to every live worker that is
+    # not busy; a busy one keeps its warm stop (it finishes its job first).
+    restop_every_s = 5.0
+    _stop_sent_at: float | None = None
+
+    def stop_workers(self) -> None:
+        """rq's stop (SIGINT to every worker); remembers when, so that a missed signal is sent again."""
+        self._stop_sent_at = time.monotonic()
+        super().stop_workers()
+
+    def all_workers_have_stopped(self) -> bool:
+        """rq's check; while workers remain, every ``restop_every_s`` SIGINT again each one that is not busy."""
+        if super().all_workers_have_stopped():
+            return True
+        if self._stop_sent_at is not None and time.monotonic() - self._stop_sent_at >= self.restop_every_s:
+            self._stop_sent_at = time.monotonic()
+            for data in list(self.worker_dict.values()):
+                if not self._busy(data.name):
+                    self.log.info("worker %s (pid %d) is still running and not busy: stop signal sent again",
+                             data.name, data.pid)
+                    self.stop_worker(data)
+        return False
+
+    def _busy(self, name: str) -> bool:
+        """Whether worker ``name`` says in Redis that it runs a job (unknown -> not busy)."""
+        try:
+            state = self.connection.hget(self.worker_class.redis_worker_namespace_prefix + name, "state")
+        except redis.RedisError:
+            return True  # cannot tell: keep the warm stop
+        return state in (b"busy", "busy")
 
     def check_workers(self, respawn: bool = True) -> None:
         """rq's check, then (every ``compact_every_s``) fold dead processes' metric files into the archives."""
