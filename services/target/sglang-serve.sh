@@ -3,7 +3,7 @@
 # --enable-metrics exports sglang:* on /metrics. With DRAFTER_DIR set, the EAGLE-3 drafter runs as a chain of
 # NUM_SPECULATIVE_TOKENS steps (topk 1, draft tokens = steps + 1), the same setting as vLLM's num_speculative_tokens.
 set -eu
-model="/models/${TARGET_MODEL:?set TARGET_MODEL in .env}"
+model="${MODELS_ROOT:-/models}/${TARGET_MODEL:?set TARGET_MODEL in .env}"
 if [ ! -f "$model/config.json" ]; then
   echo "error: no checkpoint at $model (config.json missing); download it into MODELS_DIR (docs/gpu-host.md)" >&2
   exit 2
@@ -19,5 +19,11 @@ if [ -n "${DRAFTER_DIR:-}" ]; then
   set -- "$@" --speculative-algorithm EAGLE3 --speculative-draft-model-path "$DRAFTER_DIR" \
     --speculative-num-steps "$k" --speculative-eagle-topk 1 --speculative-num-draft-tokens "$((k + 1))"
 fi
+# What the target needs (`draftsmith target flags` derives it from the checkpoint; docs/targets.md): its own code,
+# the parsers that split reasoning and tool calls from the answer (the same names in both engines).
+if [ "${TRUST_REMOTE_CODE:-0}" = "1" ]; then set -- "$@" --trust-remote-code; fi
+if [ -n "${REASONING_PARSER:-}" ]; then set -- "$@" --reasoning-parser "$REASONING_PARSER"; fi
+if [ -n "${TOOL_CALL_PARSER:-}" ]; then set -- "$@" --tool-call-parser "$TOOL_CALL_PARSER"; fi
+# SGLANG_EXTRA_ARGS (this engine only) and TARGET_EXTRA_ARGS (both engines) are split on spaces on purpose.
 # shellcheck disable=SC2086
-exec python3 -m sglang.launch_server "$@" ${TARGET_EXTRA_ARGS:-}
+exec python3 -m sglang.launch_server "$@" ${SGLANG_EXTRA_ARGS:-} ${TARGET_EXTRA_ARGS:-}

@@ -3,7 +3,7 @@
 # With DRAFTER_DIR set (a folder under /runs, e.g. /runs/demo/export/eagle3) the EAGLE-3 drafter is loaded with
 # NUM_SPECULATIVE_TOKENS chain tokens; vLLM then exports the vllm:spec_decode_* counters on /metrics.
 set -eu
-model="/models/${TARGET_MODEL:?set TARGET_MODEL in .env}"
+model="${MODELS_ROOT:-/models}/${TARGET_MODEL:?set TARGET_MODEL in .env}"
 if [ ! -f "$model/config.json" ]; then
   echo "error: no checkpoint at $model (config.json missing); download it into MODELS_DIR (docs/gpu-host.md)" >&2
   exit 2
@@ -18,6 +18,12 @@ if [ -n "${DRAFTER_DIR:-}" ]; then
   set -- "$@" --speculative-config \
     "{\"method\":\"eagle3\",\"model\":\"$DRAFTER_DIR\",\"num_speculative_tokens\":${NUM_SPECULATIVE_TOKENS:-3}}"
 fi
-# TARGET_EXTRA_ARGS is split on spaces on purpose (e.g. "--enable-expert-parallel --gpu-memory-utilization 0.9").
+# What the target needs (`draftsmith target flags` derives it from the checkpoint; docs/targets.md): its own code,
+# the parsers that split reasoning and tool calls from the answer (the same names in both engines).
+if [ "${TRUST_REMOTE_CODE:-0}" = "1" ]; then set -- "$@" --trust-remote-code; fi
+if [ -n "${REASONING_PARSER:-}" ]; then set -- "$@" --reasoning-parser "$REASONING_PARSER"; fi
+if [ -n "${TOOL_CALL_PARSER:-}" ]; then set -- "$@" --tool-call-parser "$TOOL_CALL_PARSER"; fi
+# VLLM_EXTRA_ARGS (this engine only) and TARGET_EXTRA_ARGS (both engines) are split on spaces on purpose
+# (e.g. "--enable-expert-parallel --gpu-memory-utilization 0.9").
 # shellcheck disable=SC2086
-exec python3 -m vllm.entrypoints.openai.api_server "$@" ${TARGET_EXTRA_ARGS:-}
+exec python3 -m vllm.entrypoints.openai.api_server "$@" ${VLLM_EXTRA_ARGS:-} ${TARGET_EXTRA_ARGS:-}

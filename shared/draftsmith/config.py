@@ -107,6 +107,10 @@ class TargetConfig(Section):
     enforce_eager: bool = Field(False, description="Skip torch.compile warm-up (faster start, slower serving).")
     startup_timeout_s: float = Field(900.0, gt=0, description="How long `target serve` waits for the server.")
     extra_args: list[str] = Field(default_factory=list, description="Extra arguments passed to the server.")
+    trust_remote_code: bool = Field(
+        False, description="Run the Python code a target checkpoint ships (classes its auto_map names: Kimi-K2's "
+        "tiktoken tokenizer, its model): honoured by every tokenizer, config and model load of every stage and "
+        "passed to the servers as --trust-remote-code. Off unless you trust the checkpoint.")
 
 
 class GenerationConfig(Section):
@@ -266,6 +270,10 @@ class TrainConfig(Section):
     )
     init_from: str | None = Field(None, description="Pretrained drafter folder to fine-tune (EAGLE or speculators).")
     remap_vocab: bool = Field(False, description="Remap a pretrained drafter's lm_head rows to the data's vocab.")
+    init_rope: Literal["refuse", "drafter", "target"] = Field(
+        "refuse", description="When init_from's rotary settings (rope theta, scaling) differ from the target's: "
+        "refuse, keep the drafter's (its weights were trained with them; the export carries them) or take the "
+        "target's (fine-tuning adapts).")
     lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
     warmup_ratio: float = Field(0.015, ge=0, le=1, description="Share of steps with linear warm-up.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a share of the peak lr.")

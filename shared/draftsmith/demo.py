@@ -279,7 +279,8 @@ class Demo:
         model = self.target_dir()
         spec = VLLMServerSpec(model=model, served_name=model.name, port=free_port(), dtype=t.dtype,
                               max_model_len=t.max_model_len, kv_cache_gib=t.kv_cache_gib,
-                              enforce_eager=t.enforce_eager, extra_args=list(t.extra_args))
+                              enforce_eager=t.enforce_eager, extra_args=list(t.extra_args),
+                              trust_remote_code=t.trust_remote_code)
         self.server = VLLMServer(spec, self.paths.logs / "vllm-target.log")
         self.server.start(timeout_s=t.startup_timeout_s)
         self.url = self.server.url

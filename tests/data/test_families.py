@@ -24,6 +24,9 @@ CASES = {
     "deepseek": ("<｜Assistant｜>", f"{R}</think>{A}<｜end▁of▁sentence｜>", f"{A}<｜end▁of▁sentence｜>"),
     "kimi": ("<|im_assistant|>assistant<|im_middle|>", f"<think>{R}</think>{A}<|im_end|>",
              f"<think></think>{A}<|im_end|>"),
+    # Kimi-K2.5's own tokenizer layout: tiktoken.model and a tokenizer class of the checkpoint's own (remote code)
+    "kimi_tiktoken": ("<|im_assistant|>assistant<|im_middle|>", f"<think>{R}</think>{A}<|im_end|>",
+                      f"<think></think>{A}<|im_end|>"),
     "gpt_oss": ("<|start|>assistant",
                 f"<|channel|>analysis<|message|>{R}<|end|><|start|>assistant<|channel|>final<|message|>{A}<|return|>",
                 f"<|channel|>final<|message|>{A}<|return|>"),
@@ -42,7 +45,7 @@ def _folder(family, embedded_target):
 def renderers(embedded_target):
     out = {}
     for fam in CASES:
-        tok = load_tokenizer(_folder(fam, embedded_target))
+        tok = load_tokenizer(_folder(fam, embedded_target), trust_remote_code=fam == "kimi_tiktoken")
         out[fam] = ChatRenderer(tok, end_of_turn_ids(tok, _folder(fam, embedded_target)))
     return out
 
@@ -102,7 +105,7 @@ def test_qwen3_first_supervised_token_is_think(renderers):
     assert r.tok.convert_ids_to_tokens(s.input_ids[s.spans[0].start - 1]) != "<think>"
 
 
-@pytest.mark.parametrize("family", ["qwen3", "deepseek", "kimi", "gpt_oss"])
+@pytest.mark.parametrize("family", ["qwen3", "deepseek", "kimi", "kimi_tiktoken", "gpt_oss"])
 def test_history_drops_reasoning_so_turns_split(renderers, family):
     """Templates that drop earlier reasoning: turn 2's real prompt is not turn 1's sequence, so two samples."""
     r = renderers[family]

@@ -128,3 +128,72 @@ def test_offline_estimate_definitions(exported, embedded_target):
     assert r["acceptance_rate"] == pytest.approx(r["accepted"] / r["draft_tokens"])
     assert sum(r["per_position"]) == pytest.approx(r["accepted"] / r["drafts"])
     assert all(a >= b for a, b in zip(r["per_position"], r["per_position"][1:], strict=False))
+
+
+def pretrained_with(out, tmp_path, **fields):
+    """A copy of the eagle3 export with ``fields`` of its config.json replaced (a public drafter's other settings)."""
+    import shutil
+
+    folder = tmp_path / "pretrained"
+    shutil.copytree(out / "eagle3", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(fields)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def test_pretrained_init_compares_rope_and_every_computing_field(exported, embedded_target, tmp_path):
+    from draftsmith.drafter.load import fit_to_pretrained
+
+    ckpt, out = exported
+    model = load_checkpoint_model(ckpt, embedded_target)
+    ours = model.cfg.rope_parameters
+    assert ours["rope_theta"] != 1e6
+    # the public Kimi-K2.5 drafter's rotary settings beside its target's: theta 1e6, no scaling
+    other_rope = {"rope_type": "default", "rope_theta": 1000000.0}
+    folder = pretrained_with(out, tmp_path, rope_theta=1000000, rope_scaling=None, rope_parameters=other_rope)
+    with pytest.raises(ModelError, match=r"rope: .*1000000.* in the pretrained drafter.*init_rope=drafter"):
+        load_pretrained(model, folder)
+    with pytest.raises(ModelError, match="rope"):
+        fit_to_pretrained(model.cfg, folder)
+    kept = fit_to_pretrained(model.cfg, folder, "drafter")
+    assert kept.rope_parameters == other_rope and kept.hidden_size == model.cfg.hidden_size
+    assert fit_to_pretrained(model.cfg, folder, "target").rope_parameters == ours
+    load_pretrained(model, folder, rope="target")  # the explicit choice loads
+    # the same rotation written the old way (theta as an int, no rope_parameters) is no difference
+    same = pretrained_with(out, tmp_path / "same", rope_theta=int(ours["rope_theta"]), rope_parameters=None)
+    assert fit_to_pretrained(model.cfg, same) == model.cfg
+    # a norm epsilon is never adapted: one clause per field, both values
+    eps = pretrained_with(out, tmp_path / "eps", rms_norm_eps=1e-6, hidden_act="gelu")
+    with pytest.raises(ModelError, match=r"hidden_act: gelu in the pretrained drafter, silu.*rms_norm_eps: 1e-06"):
+        fit_to_pretrained(model.cfg, eps, "drafter")
+
+
+def test_fine_tune_keeps_the_pretrained_rope_through_export(exported, embedded_target, tmp_path, draft_vocab):
+    import shutil
+
+    from draftsmith.config import load_settings
+    from draftsmith.drafter.load import load_export_model
+    from draftsmith.drafter.trainer import Trainer
+
+    ckpt, out = exported
+    other_rope = {"rope_type": "default", "rope_theta": 1000000.0}
+    folder = pretrained_with(out, tmp_path, rope_theta=1000000, rope_scaling=None, rope_parameters=other_rope)
+    runs = tmp_path / "runs"
+    shutil.copytree(ckpt.parents[1], runs / "ft", ignore=shutil.ignore_patterns("checkpoints", "export"))
+    base = {"runs_dir": str(runs), "run": "ft", "target": {"path": str(embedded_target)},
+            "train": {"draft_vocab_size": draft_vocab, "ttt_steps": 2, "max_steps": 1, "batch_size": 4,
+                      "batch_tokens": 640, "init_from": str(folder)}}
+    with pytest.raises(ModelError, match="init_rope"):
+        Trainer(load_settings(None, base))
+    base["train"]["init_rope"] = "drafter"
+    trainer = Trainer(load_settings(None, base))
+    assert trainer.model.cfg.rope_parameters == other_rope
+    trainer.run()
+    new = list_checkpoints(runs / "ft" / "checkpoints")[-1]
+    export_checkpoint(new, str(embedded_target), runs / "ft" / "export", "both")
+    for layout in ("eagle3", "speculators"):
+        cfg = json.loads((runs / "ft" / "export" / layout / "config.json").read_text())
+        layer = cfg.get("transformer_layer_config", cfg)
+        assert layer["rope_theta"] == 1000000.0, layout
+        assert load_export_model(runs / "ft" / "export" / layout, embedded_target).cfg.rope_parameters == other_rope

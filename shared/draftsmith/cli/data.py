@@ -38,7 +38,7 @@ def build_data_cmd(
     tok_path = _tokenizer_path(s)
     expected = s.target.model or tok_path.name
     res = build_data(paths.records, paths.data, tok_path, s.data, expected, check_only=check,
-                     config_dump=s.model_dump(mode="json"))
+                     config_dump=s.model_dump(mode="json"), trust_remote_code=s.target.trust_remote_code)
     st = res.stats
     if check:
         typer.echo(f"check ok: {st['turns_checked']} turns token-exact of {st['records']} records "

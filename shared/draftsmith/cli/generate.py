@@ -57,7 +57,7 @@ def self_prompts(
     keep(f"the requests written so far in {path}")
     key = secret_value(s.target.api_key)
     served = resolve_model(s.target.url, s.target.model, key)
-    prefix = user_turn_prefix(load_tokenizer(_tokenizer_path(s), s.data.chat_template))
+    prefix = user_turn_prefix(load_tokenizer(_tokenizer_path(s), s.data.chat_template, s.target.trust_remote_code))
     rep = synthesize(s.target.url, served, prefix, n, path, seed=seed, temperature=temperature, top_p=top_p,
                      api_key=key, say=typer.echo)
     typer.echo(rep.line())

@@ -36,6 +36,29 @@ def make_tiny_mla_cmd(
     typer.echo(str(make_tiny_mla(s.target.cache_dir, s.prompts_dir, steps=steps, force=force)))
 
 
+@target_app.command("flags")
+def flags(
+    path: Path = typer.Option(None, "--path", help="Target checkpoint folder (default: target.path, else the "
+                              "embedded target)."),
+) -> None:
+    """Print what each engine needs to serve the target (remote code, reasoning and tool-call parsers, per-engine
+    arguments) as the .env lines the serve scripts read; derived from the folder's config files (docs/targets.md)."""
+    from draftsmith.target.checkpoint import target_checkpoint
+    from draftsmith.target.profile import target_profile
+
+    folder = path or target_checkpoint(settings())
+    prof = target_profile(folder)
+    typer.echo(f"# {folder}: model_type {prof.model_type}, family {prof.family or 'unknown (config-derived only)'}")
+    if prof.trust_remote_code:
+        typer.echo(f"# its own Python code ({', '.join(prof.remote_code_files) or 'auto_map'}): read it before "
+                   "trusting it; compose passes TRUST_REMOTE_CODE to every draftsmith service, elsewhere set "
+                   "DRAFTSMITH_TARGET__TRUST_REMOTE_CODE=true")
+    for key, value in prof.env().items():
+        typer.echo(f"{key}={value}")
+    for engine in ("vllm", "sglang"):
+        typer.echo(f"# {engine} gets: {' '.join(prof.engine_args(engine)) or '(nothing extra)'}")
+
+
 @target_app.command("serve")
 def serve(
     port: int = setting_option("target.port", "--port"),
@@ -55,6 +78,7 @@ def serve(
         model=model, served_name=s.target.model or model.name, host=s.target.host, port=s.target.port,
         dtype=s.target.dtype, max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,
         enforce_eager=s.target.enforce_eager, extra_args=s.target.extra_args,
+        trust_remote_code=s.target.trust_remote_code,
         speculative={"method": "eagle3", "model": str(drafter.resolve()), "num_speculative_tokens": k}
         if drafter else None,
     )

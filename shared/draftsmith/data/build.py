@@ -114,11 +114,13 @@ def unclosed_reasoning(rec: dict[str, Any]) -> bool:
 
 
 def target_vocab_size(tok, tokenizer_path: Path) -> int:
-    """V: the larger of ``len(tokenizer)`` and ``config.json``'s ``vocab_size`` (embedding rows of the target)."""
+    """V: the larger of ``len(tokenizer)`` and ``config.json``'s ``vocab_size`` (embedding rows of the target; a
+    multimodal wrapper such as Kimi-K2.5 keeps it under ``text_config``)."""
     v = len(tok)
     cfg = Path(tokenizer_path) / "config.json"
     if cfg.is_file():
-        v = max(v, int(json.loads(cfg.read_text()).get("vocab_size") or 0))
+        c = json.loads(cfg.read_text())
+        v = max(v, int(c.get("vocab_size") or (c.get("text_config") or {}).get("vocab_size") or 0))
     return v
 
 
@@ -130,6 +132,7 @@ def build_data(
     expected_model: str | None = None,
     check_only: bool = False,
     config_dump: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
 ) -> BuildResult:
     """Render, mask, validate and pack every record of a run.
 
@@ -141,6 +144,7 @@ def build_data(
         expected_model: model name the records must carry (None: not checked).
         check_only: render and validate only; write nothing.
         config_dump: resolved config stored in the manifest.
+        trust_remote_code: ``target.trust_remote_code`` (a tokenizer that is the checkpoint's own code).
 
     Returns:
         A :class:`BuildResult`.
@@ -151,7 +155,7 @@ def build_data(
     """
     t0 = time.monotonic()
     log.info("loading tokenizer from %s", tokenizer_path)
-    tok = load_tokenizer(tokenizer_path, cfg.chat_template)
+    tok = load_tokenizer(tokenizer_path, cfg.chat_template, trust_remote_code)
     renderer = ChatRenderer(tok, end_of_turn_ids(tok, tokenizer_path), cfg.template_kwargs)
     vsize = target_vocab_size(tok, tokenizer_path)
     t_loaded = time.monotonic()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftsmith.errors import DataError
+from draftsmith.errors import DataError, ModelError
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -72,22 +72,34 @@ class Sample:
     flags: list[str] = field(default_factory=list)
 
 
-def load_tokenizer(path: str | Path, chat_template: str | Path | None = None):
+def load_tokenizer(path: str | Path, chat_template: str | Path | None = None, trust_remote_code: bool = False):
     """Load the target tokenizer from a local folder, optionally replacing its chat template.
 
     Args:
-        path: checkpoint or tokenizer folder (``tokenizer.json`` / ``tokenizer_config.json``).
+        path: checkpoint or tokenizer folder (``tokenizer.json``, or a tokenizer class of the checkpoint's own named
+            in ``tokenizer_config.json``'s ``auto_map``, such as Kimi-K2's tiktoken one over ``tiktoken.model``).
         chat_template: a Jinja file that overrides the folder's template (for templates that drop reasoning).
+        trust_remote_code: ``target.trust_remote_code``: run the tokenizer code the folder ships.
 
     Raises:
-        DataError: the folder is missing, or the tokenizer has no chat template.
+        DataError: the folder is missing, transformers cannot load it, or the tokenizer has no chat template.
+        ModelError: the tokenizer is the checkpoint's own code and ``trust_remote_code`` is off.
     """
     from transformers import AutoTokenizer
 
     path = Path(path)
     if not path.is_dir():
         raise DataError(f"tokenizer folder {path} does not exist", "set data.tokenizer or target.path")
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if not trust_remote_code and "trust_remote_code" in str(e):
+            raise remote_code_error(path, "tokenizer") from e
+        raise DataError(f"transformers cannot load the tokenizer at {path}: {e}",
+                        "point data.tokenizer or target.path at the target's checkpoint folder") from e
+    except OSError as e:
+        raise DataError(f"transformers cannot load the tokenizer at {path}: {e}",
+                        "point data.tokenizer or target.path at the target's checkpoint folder") from e
     if chat_template is not None:
         tok.chat_template = Path(chat_template).read_text()
     if not getattr(tok, "chat_template", None):
@@ -98,14 +110,36 @@ def load_tokenizer(path: str | Path, chat_template: str | Path | None = None):
     return tok
 
 
+# Vocabulary files of tokenizers without a tokenizer.json (tiktoken, sentencepiece, BPE pairs) and the code of a
+# checkpoint's own tokenizer class: what a hash of the tokenizer covers when tokenizer.json is absent.
+TOKENIZER_FILES = ("tiktoken.model", "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt")
+
+
+def tokenizer_files(path: str | Path) -> list[Path]:
+    """The files that define the tokenizer of folder ``path``: ``tokenizer.json`` when present (a fast tokenizer
+    is whole in it), else :data:`TOKENIZER_FILES` and ``tokenization_*.py`` that exist, sorted by name."""
+    path = Path(path)
+    if (path / "tokenizer.json").is_file():
+        return [path / "tokenizer.json"]
+    return sorted([path / n for n in TOKENIZER_FILES if (path / n).is_file()] + list(path.glob("tokenization_*.py")))
+
+
 def tokenizer_sha256(tok, path: str | Path) -> str:
-    """sha256 of ``tokenizer.json`` (when present) and the chat template in use: what rendering depends on."""
+    """sha256 of the tokenizer's files (:func:`tokenizer_files`) and the chat template in use: what rendering
+    depends on."""
     h = hashlib.sha256()
-    tj = Path(path) / "tokenizer.json"
-    if tj.is_file():
-        h.update(tj.read_bytes())
+    for f in tokenizer_files(path):
+        h.update(f.read_bytes())
     h.update((tok.chat_template or "").encode())
     return h.hexdigest()
+
+
+def remote_code_error(path: str | Path, what: str) -> ModelError:
+    """The one error for a checkpoint whose ``what`` (tokenizer, config, model) is its own Python code while
+    ``target.trust_remote_code`` is off."""
+    return ModelError(f"the {what} of {path} is the checkpoint's own Python code (auto_map), which draftsmith "
+                      "runs only when told to", "read the checkpoint's *.py files, then set "
+                      "target.trust_remote_code=true (DRAFTSMITH_TARGET__TRUST_REMOTE_CODE=true)")
 
 
 def end_of_turn_ids(tok, path: str | Path | None = None) -> set[int]:

@@ -124,6 +124,29 @@ def attention_head_dim(text_config: dict[str, Any]) -> int:
     return int(text_config.get("head_dim") or int(text_config["hidden_size"]) // int(text_config["num_attention_heads"]))
 
 
+def rope_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The rotary settings of a (text) config as one dict: ``rope_parameters`` (transformers >= 5) when present,
+    else ``rope_scaling`` plus ``rope_theta`` (the older layout; theta 10000 and no scaling when absent), with
+    ``rope_type`` always set (compare two with :func:`same_rope`)."""
+    rope = config.get("rope_parameters")
+    if rope is None:
+        rope = dict(config.get("rope_scaling") or {})
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope["rope_theta"] = float(config.get("rope_theta", 10000.0))
+    rope = dict(rope)
+    rope.setdefault("rope_type", "default")
+    return rope
+
+
+def same_rope(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two :func:`rope_of` dicts rotate alike (numbers compared as floats: 32 == 32.0)."""
+    def norm(r: dict[str, Any]) -> dict[str, Any]:
+        return {k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for k, v in r.items()
+                if v is not None}
+
+    return norm(a) == norm(b)
+
+
 def derive_config(
     target_path: Path | str,
     draft_vocab_size: int,
@@ -168,11 +191,7 @@ def derive_config(
         raise ModelError(f"aux layer ids {ids} are outside 0..{n_layers}", "pick ids of existing target layers")
     heads = int(text["num_attention_heads"])
     head_dim = attention_head_dim(text)
-    rope = text.get("rope_parameters")
-    if rope is None:  # transformers < 5 layout
-        rope = dict(text.get("rope_scaling") or {})
-        rope.setdefault("rope_type", rope.pop("type", "default"))
-        rope["rope_theta"] = float(text.get("rope_theta", 10000.0))
+    rope = rope_of(text)
     if not 0 < draft_vocab_size <= int(text["vocab_size"]):
         raise ModelError(f"draft vocabulary size {draft_vocab_size} is not in 1..{text['vocab_size']}")
     return DraftConfig(

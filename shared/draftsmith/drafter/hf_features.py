@@ -14,11 +14,13 @@ import torch
 from draftsmith.features.layers import hf_hidden_index
 
 
-def load_target(target_path, dtype: torch.dtype = torch.float32):
-    """The target as a transformers causal LM in eval mode (local folder only)."""
+def load_target(target_path, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False):
+    """The target as a transformers causal LM in eval mode (local folder only; ``trust_remote_code`` runs the
+    model code the checkpoint ships)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(target_path), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(target_path), dtype=dtype, local_files_only=True,
+                                                 trust_remote_code=trust_remote_code)
     return model.eval()
 
 

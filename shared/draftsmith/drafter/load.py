@@ -21,7 +21,14 @@ from draftsmith.artifacts.export import (
     require_layout,
 )
 from draftsmith.drafter.checkpoint import load_model_weights, model_state, read_state
-from draftsmith.drafter.config import DraftConfig, derive_config, from_vllm_layer_ids, read_target_config
+from draftsmith.drafter.config import (
+    DraftConfig,
+    derive_config,
+    from_vllm_layer_ids,
+    read_target_config,
+    rope_of,
+    same_rope,
+)
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.vocab import init_from_target
 from draftsmith.errors import ModelError
@@ -30,6 +37,14 @@ from draftsmith.log import get_logger
 log = get_logger(__name__)
 
 IGNORED = ("embed_tokens.weight",)  # a drafter's own copy of the target embedding: ours is the target's
+
+# Fields of a drafter's config that change what it computes. A pretrained drafter must agree on each with the
+# drafter a run builds from its target: the shapes would fail at load anyway (with a worse message), but the norm
+# epsilon, the activation and the rotary settings would be replaced without a word (a public Kimi-K2.5 drafter
+# rotates with theta 1e6 and no scaling, its target with theta 50000 and yarn).
+COMPARED_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                   "hidden_act", "rms_norm_eps", "attention_bias", "mlp_bias", "vocab_size", "target_hidden_size")
+ROPE_CHOICES = ("refuse", "drafter", "target")
 
 
 def read_export(folder: Path | str) -> tuple[str, dict, dict[str, torch.Tensor]]:
@@ -85,6 +100,77 @@ def vocab_maps(config: dict, weights: dict[str, torch.Tensor], vocab_size: int) 
     return d2t, t2d
 
 
+def read_export_config(folder: Path | str) -> tuple[str, dict]:
+    """``(layout, config dict)`` of an exported drafter folder, without its weights.
+
+    Raises:
+        ModelError: no ``config.json``, or a config of neither layout.
+    """
+    path = config_path(Path(folder))
+    if not path.is_file():
+        raise ModelError(f"{folder} has no {path.name}", "point at an exported drafter folder")
+    config = json.loads(path.read_text())
+    return require_layout(Path(folder), config), config
+
+
+def pretrained_differences(config: dict, layout: str, cfg: DraftConfig) -> dict[str, tuple]:
+    """Fields of :data:`COMPARED_FIELDS` and the rotary settings (key ``rope``) on which an exported drafter's
+    config differs from ``cfg``: ``{field: (the export's value, cfg's value)}``; a field the export omits is not
+    compared."""
+    layer = layer_fields(config, layout)
+    out: dict[str, tuple] = {}
+    for key in COMPARED_FIELDS:
+        theirs = config.get(key) if key == "target_hidden_size" else layer.get(key)
+        ours = getattr(cfg, key)
+        if theirs is None:
+            continue
+        numeric = isinstance(ours, int | float) and not isinstance(ours, bool)
+        if (float(theirs) != float(ours)) if numeric else (theirs != ours):
+            out[key] = (theirs, ours)
+    if any(k in layer for k in ("rope_parameters", "rope_theta", "rope_scaling")):
+        rope = rope_of(layer)
+        if not same_rope(rope, cfg.rope_parameters):
+            out["rope"] = (rope, dict(cfg.rope_parameters))
+    return out
+
+
+def fit_to_pretrained(cfg: DraftConfig, folder: Path | str, rope: str = "refuse") -> DraftConfig:
+    """The drafter config a run fine-tunes from the pretrained drafter at ``folder``: ``cfg`` (derived from the
+    target) once every field that changes the computation agrees.
+
+    Args:
+        cfg: the config derived from the target (:func:`~draftsmith.drafter.config.derive_config`).
+        folder: exported drafter, either layout.
+        rope: what to do when only the rotary settings differ: ``refuse`` (an error), ``drafter`` (keep the
+            pretrained drafter's, which its weights were trained with; the export then carries them and the engines
+            rotate the drafter with them), ``target`` (take the target's and let fine-tuning adapt). Logged.
+
+    Raises:
+        ModelError: a field differs (one line per field, with both values and the fix).
+    """
+    if rope not in ROPE_CHOICES:
+        raise ModelError(f"train.init_rope={rope!r} is not one of {ROPE_CHOICES}")
+    layout, config = read_export_config(folder)
+    diff = pretrained_differences(config, layout, cfg)
+    if "rope" in diff and rope != "refuse":
+        theirs, ours = diff.pop("rope")
+        if rope == "drafter":
+            from dataclasses import replace
+
+            cfg = replace(cfg, rope_parameters=dict(theirs))
+        log.warning("pretrained drafter at %s rotates with %s, the target with %s: keeping the %s's (train.init_rope"
+                    "=%s)", folder, theirs, ours, rope, rope)
+    if diff:
+        lines = "; ".join(f"{k}: {a} in the pretrained drafter, {b} in this run's" for k, (a, b) in diff.items())
+        fix = ("rope only: set train.init_rope=drafter to keep the pretrained drafter's rotary settings (its weights "
+               "were trained with them) or train.init_rope=target to fine-tune it to the target's"
+               if set(diff) == {"rope"} else
+               "the pretrained drafter was built for another target or with other settings; pick one for this "
+               "target" + (" (and set train.init_rope for the rotary settings)" if "rope" in diff else ""))
+        raise ModelError(f"pretrained drafter at {folder} does not match the drafter this run builds: {lines}", fix)
+    return cfg
+
+
 def export_draft_config(layout: str, config: dict, target_path: Path | str) -> DraftConfig:
     """Drafter config of an export, re-derived from the target and checked against the export's fields.
 
@@ -101,6 +187,10 @@ def export_draft_config(layout: str, config: dict, target_path: Path | str) -> D
         if key in layer and int(layer[key]) != int(getattr(cfg, key)):
             raise ModelError(f"drafter {key}={layer[key]} but the target has {getattr(cfg, key)}",
                              "this drafter was trained for another target")
+    if any(k in layer for k in ("rope_parameters", "rope_theta", "rope_scaling")):
+        from dataclasses import replace
+
+        cfg = replace(cfg, rope_parameters=rope_of(layer))  # the engines rotate a drafter with its own settings
     return cfg
 
 
@@ -145,19 +235,27 @@ def load_checkpoint_model(ckpt: Path | str, target_path: Path | str) -> Eagle3Dr
     return model.eval()
 
 
-def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = False) -> None:
+def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = False, rope: str = "refuse") -> None:
     """Initialise ``model`` (already holding the data's d2t/t2d) from a pretrained drafter for fine-tuning.
 
     Args:
         remap: when the pretrained draft vocabulary differs from the data's, copy the ``lm_head`` rows of
             tokens both vocabularies share (others keep their target-row init) instead of failing.
+        rope: ``train.init_rope``; anything but ``refuse`` accepts other rotary settings (``model`` was built
+            with the chosen ones, see :func:`fit_to_pretrained`).
 
     Raises:
-        ModelError: layout, shape or hidden-size mismatch; another draft vocabulary without ``remap``; norm options
+        ModelError: a field of :data:`COMPARED_FIELDS` or the rotary settings (with ``rope="refuse"``) differ;
+            layout or shape mismatch; another draft vocabulary without ``remap``; norm options
             (``norm_before_residual``, ``fc_norm``, ``norm_before_fc``, ``norm_output``, as vLLM reads them from
             the export) other than the run's.
     """
     layout, config, weights = read_export(folder)
+    diff = pretrained_differences(config, layout, model.cfg)
+    if rope != "refuse":
+        diff.pop("rope", None)
+    if diff:
+        fit_to_pretrained(model.cfg, folder, rope)  # raises with the message
     ids = aux_layer_ids(config)
     ids = from_vllm_layer_ids(ids) if ids else None
     if ids and list(ids) != list(model.cfg.layer_ids):

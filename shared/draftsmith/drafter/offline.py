@@ -60,6 +60,7 @@ def estimate_acceptance(
     prompts: list[list[dict]],
     k: int = 3,
     max_new_tokens: int = 64,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Greedy chain speculation of ``drafter_dir`` (either export layout) against the target.
 
@@ -68,6 +69,7 @@ def estimate_acceptance(
         drafter_dir: exported drafter folder.
         prompts: chat conversations (``[{"role", "content"}, ...]``), rendered with the tokenizer's template.
         k: speculative tokens per round. max_new_tokens: generated tokens per prompt (at most).
+        trust_remote_code: ``target.trust_remote_code`` (tokenizer and model code the checkpoint ships).
 
     Returns:
         ``{"acceptance_rate", "mean_acceptance_length", "per_position": [k floats], "drafts", "draft_tokens",
@@ -78,14 +80,15 @@ def estimate_acceptance(
     Raises:
         ModelError: the drafter does not fit the target (see :mod:`draftsmith.drafter.load`).
     """
-    from transformers import AutoTokenizer, DynamicCache
+    from transformers import DynamicCache
 
+    from draftsmith.data.render import load_tokenizer
     from draftsmith.drafter.hf_features import load_target
     from draftsmith.drafter.load import load_export_model
     from draftsmith.features.layers import hf_hidden_index
 
-    tok = AutoTokenizer.from_pretrained(str(target_path))
-    target = load_target(target_path)
+    tok = load_tokenizer(target_path, trust_remote_code=trust_remote_code)
+    target = load_target(target_path, trust_remote_code=trust_remote_code)
     drafter = load_export_model(drafter_dir, target_path)
     layer_ids = drafter.cfg.layer_ids
     gen_eos = getattr(target.generation_config, "eos_token_id", None)

@@ -205,13 +205,17 @@ class Trainer:
         if self.features.hidden_size != self.cfg.target_hidden_size:
             raise DataError(f"features have hidden size {self.features.hidden_size}, the target "
                             f"{self.cfg.target_hidden_size}", "the features come from another target; re-extract")
+        if self.tc.init_from:
+            from draftsmith.drafter.load import fit_to_pretrained
+
+            self.cfg = fit_to_pretrained(self.cfg, self.tc.init_from, self.tc.init_rope)
         self.model = Eagle3Drafter(self.cfg)
         self.lm_head = init_from_target(self.model, self.target_path, self.d2t, self.t2d, self.tc.lm_head_init,
                                         self.tc.norm_init)
         if self.tc.init_from:
             from draftsmith.drafter.load import load_pretrained
 
-            load_pretrained(self.model, self.tc.init_from, remap=self.tc.remap_vocab)
+            load_pretrained(self.model, self.tc.init_from, remap=self.tc.remap_vocab, rope=self.tc.init_rope)
         if self.tc.freeze_lm_head:  # EAGLE-1's choice: the target's own head reads the drafter's state
             self.model.lm_head.weight.requires_grad_(False)
         self._resume_at = (0, 0, 0)  # step, epoch, micro-batch position

@@ -61,7 +61,7 @@ def _vllm_server(s: Settings, target: Path, speculative: dict | None, log_path: 
         model=target, served_name=target.name, port=free_port(), dtype=s.target.dtype,
         max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,
         enforce_eager=s.target.enforce_eager, speculative=speculative, max_num_seqs=max(s.eval.concurrency, 1),
-        extra_args=list(s.target.extra_args),
+        extra_args=list(s.target.extra_args), trust_remote_code=s.target.trust_remote_code,
     )
     return VLLMServer(spec, log_path).start(timeout_s=s.target.startup_timeout_s)
 
@@ -93,6 +93,15 @@ def _measure(client, sets: list[EvalSet], s: Settings, speculative: bool,
     return ms, overall(ms, client.engine, e.k)
 
 
+def engine_url(e, engine: str) -> str | None:
+    """URL of the running ``engine`` (with the drafter loaded) to measure, or None to start one here:
+    ``eval.sglang_url`` for SGLang, else ``eval.url`` when SGLang is the only engine measured (``make eval`` and
+    the compose evaluator pass the stack's target as ``--url`` whichever engine it runs); ``eval.url`` for vLLM."""
+    if engine == "sglang":
+        return e.sglang_url or (e.url if e.engine == "sglang" else None)
+    return e.url
+
+
 def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], logs: Path) -> dict[str, Any]:
     """Measure in vLLM: with the drafter (``eval.url`` or a server started here), then the baseline without it."""
     from draftsmith.target.server import resolve_model
@@ -107,7 +116,10 @@ def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], 
         client = VLLMClient(url, resolve_model(url, s.target.model if e.url else target.name), e.request_timeout_s)
         measures, total = _measure(client, sets, s, speculative=True, draft_vocab=draft_vocab_ids(drafter))
     base, base_total = None, None
-    if e.baseline:
+    if e.baseline and e.url and not e.baseline_url:
+        log.warning("no vLLM baseline: the drafter is measured at eval.url, so the baseline is a URL too "
+                    "(eval.baseline_url, a server without drafter) or off; no second engine is started beside it")
+    elif e.baseline:
         with ExitStack() as stack:
             if e.baseline_url:
                 burl = e.baseline_url
@@ -124,26 +136,29 @@ def measure_sglang(s: Settings, target: Path, drafter: Path, sets: list[EvalSet]
     from draftsmith.target.server import VLLMServer
 
     e = s.eval
-    spec = SGLangServerSpec(model=target, drafter=drafter, k=e.k, context_length=s.target.max_model_len)
+    sglang_url = engine_url(e, "sglang")
+    spec = SGLangServerSpec(model=target, drafter=drafter, k=e.k, context_length=s.target.max_model_len,
+                            trust_remote_code=s.target.trust_remote_code)
     with ExitStack() as stack:
-        if e.sglang_url:
-            url = e.sglang_url
+        if sglang_url:
+            url = sglang_url
         else:
             require_sglang()
             # VLLMServer only runs spec.command() in a process group and polls /v1/models: SGLang serves that too.
             url = stack.enter_context(VLLMServer(spec, logs / "eval-sglang.log").start(s.target.startup_timeout_s)).url
-        client = SGLangClient(url, target, e.request_timeout_s)
+        client = SGLangClient(url, target, e.request_timeout_s, s.target.trust_remote_code)
         measures, total = _measure(client, sets, s, speculative=True)
     base, base_total = None, None
     if e.baseline and e.baseline_url:
-        bclient = SGLangClient(e.baseline_url, target, e.request_timeout_s)
+        bclient = SGLangClient(e.baseline_url, target, e.request_timeout_s, s.target.trust_remote_code)
         base, base_total = _measure(bclient, sets, s, speculative=False)
     elif e.baseline:
         log.warning("no SGLang baseline: pass eval.baseline_url of an SGLang server without drafter for the speedup")
     return engine_result("sglang", e.k, e.temperature, measures, total, base, base_total)
 
 
-def offline_estimate(target: Path, drafter: Path, sets: list[EvalSet], k: int, max_new_tokens: int) -> dict:
+def offline_estimate(target: Path, drafter: Path, sets: list[EvalSet], k: int, max_new_tokens: int,
+                     trust_remote_code: bool = False) -> dict:
     """The offline estimate (transformers, greedy chain, no engine) from ``draftsmith.drafter.offline``.
 
     Raises:
@@ -154,7 +169,7 @@ def offline_estimate(target: Path, drafter: Path, sets: list[EvalSet], k: int, m
     except ImportError as e:
         raise EngineError("the offline estimator (draftsmith.drafter.offline) is not available", "drop --offline") from e
     prompts = [[{"role": "user", "content": p.turns[0]}] for es in sets for p in es.prompts]
-    out = estimate_acceptance(target, drafter, prompts, k, max_new_tokens)
+    out = estimate_acceptance(target, drafter, prompts, k, max_new_tokens, trust_remote_code)
     out.pop("generated_ids")  # the report keeps figures, not every generated token
     return out
 
@@ -180,14 +195,15 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
              drafter, target.name, info.hidden_size, info.draft_vocab_size, list(info.layer_ids), len(sets),
              sum(len(x.prompts) for x in sets))
     engines = ["vllm", "sglang"] if s.eval.engine == "both" else [s.eval.engine]
-    if "sglang" in engines and not s.eval.sglang_url:
+    if "sglang" in engines and not engine_url(s.eval, "sglang"):
         require_sglang()
     paths.ensure(paths.logs)
     results = []
     for engine in engines:
         fn = measure_vllm if engine == "vllm" else measure_sglang
         results.append(fn(s, target, drafter, sets, paths.logs))
-    off = offline_estimate(target, drafter, sets, s.eval.k, s.eval.max_tokens) if offline else None
+    off = offline_estimate(target, drafter, sets, s.eval.k, s.eval.max_tokens,
+                           s.target.trust_remote_code) if offline else None
     report = build_report(s.run, s.eval.engine, s.eval.k, s.eval.temperature, results, str(target), str(drafter),
                           off, s.model_dump(mode="json"))
     out = Path(s.eval.out) if s.eval.out else paths.eval

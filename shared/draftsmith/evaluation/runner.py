@@ -95,11 +95,11 @@ class SGLangClient:
 
     engine = "sglang"
 
-    def __init__(self, url: str, tokenizer_dir: Path, timeout_s: float = 600.0) -> None:
-        from transformers import AutoTokenizer
+    def __init__(self, url: str, tokenizer_dir: Path, timeout_s: float = 600.0, trust_remote_code: bool = False) -> None:
+        from draftsmith.data.render import load_tokenizer
 
         self.url = url.rstrip("/")
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        self.tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
 
     def generate(self, messages: list[dict[str, str]], max_tokens: int, temperature: float) -> Turn:

@@ -48,6 +48,7 @@ class SGLangServerSpec:
     context_length: int | None = None
     mem_fraction_static: float | None = None
     extra_args: tuple[str, ...] = ()
+    trust_remote_code: bool = False
     kv_cache_gib: int = 2  # read by the process helper it shares with vLLM (draftsmith.target.server); unused here
 
     @property
@@ -74,6 +75,8 @@ class SGLangServerSpec:
         ]
         if self.served_name:
             cmd += ["--served-model-name", self.served_name]
+        if self.trust_remote_code:
+            cmd.append("--trust-remote-code")
         if self.context_length:
             cmd += ["--context-length", str(self.context_length)]
         if self.mem_fraction_static:

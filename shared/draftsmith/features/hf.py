@@ -104,17 +104,24 @@ class HFExtractor:
 
     @classmethod
     def load(cls, path: Path, layer_ids: Sequence[int], device: str = "cpu", dtype: str = "float32",
-             batch_tokens: int = 4096) -> HFExtractor:
-        """Load the target from a local folder (no hub access) and wrap it.
+             batch_tokens: int = 4096, trust_remote_code: bool = False) -> HFExtractor:
+        """Load the target from a local folder (no hub access) and wrap it (``trust_remote_code``: run the model
+        code the checkpoint ships).
 
         Raises:
-            ModelError: the folder cannot be loaded by transformers.
+            ModelError: the folder cannot be loaded by transformers, or its model is its own code and
+                ``trust_remote_code`` is off.
         """
         from transformers import AutoModelForCausalLM
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True,
+                                                         trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
+            if not trust_remote_code and "trust_remote_code" in str(e):
+                from draftsmith.data.render import remote_code_error
+
+                raise remote_code_error(path, "model") from e
             raise ModelError(f"transformers cannot load the target at {path}: {e}", "check target.path") from e
         return cls(model.to(device), layer_ids, batch_tokens)
 

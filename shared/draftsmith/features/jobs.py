@@ -54,7 +54,8 @@ def get_extractor(plan: ExtractPlan, settings) -> Any:
             _EXTRACTORS[key] = VLLMExtractor.from_plan(plan, settings)
         else:
             _EXTRACTORS[key] = HFExtractor.load(
-                Path(plan.target_dir), plan.layer_ids, x.device, plan.compute_dtype, x.batch_tokens
+                Path(plan.target_dir), plan.layer_ids, x.device, plan.compute_dtype, x.batch_tokens,
+                settings.target.trust_remote_code,
             )
         M.EXTRACT_TARGET_LOADS.inc()
     return _EXTRACTORS[key]

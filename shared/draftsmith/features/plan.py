@@ -18,7 +18,7 @@ import torch
 from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as features_artifact
 from draftsmith.artifacts.data import DATA_SCHEMA  # noqa: F401 (re-exported)
-from draftsmith.errors import DataError, DiskSpaceError, ModelError
+from draftsmith.errors import DataError, DiskSpaceError
 from draftsmith.features.hf import target_config
 from draftsmith.features.layers import parse_layer_ids, vllm_aux_ids
 from draftsmith.precision import compute_dtype
@@ -35,31 +35,34 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def tokenizer_sha256(model_dir: Path, chat_template: str | None = None) -> str:
+def tokenizer_sha256(model_dir: Path, chat_template: str | None = None, trust_remote_code: bool = False) -> str:
     """The tokenizer hash ``build-data`` records in the data manifest, computed for the target's folder.
 
-    Same function as the data stage (:func:`draftsmith.data.render.tokenizer_sha256`: ``tokenizer.json`` plus the
-    chat template in use, ``data.chat_template`` when set).
+    Same function as the data stage (:func:`draftsmith.data.render.tokenizer_sha256`: the tokenizer's files,
+    ``tokenizer.json`` or a tiktoken/sentencepiece vocabulary with its code, plus the chat template in use,
+    ``data.chat_template`` when set).
 
     Raises:
-        ModelError: the folder has no ``tokenizer.json``; DataError: the tokenizer has no chat template.
+        DataError: the tokenizer cannot be loaded or has no chat template; ModelError: it is the checkpoint's own
+            code and ``trust_remote_code`` is off.
     """
-    if not (Path(model_dir) / "tokenizer.json").is_file():
-        raise ModelError(f"the target folder {model_dir} has no tokenizer.json", "point target.path at a checkpoint")
+    from draftsmith.data.render import tokenizer_files
+
     # a resident extraction worker plans every shard it takes: the tokenizer is loaded once per folder state
     stamp = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(Path(model_dir).glob("*"))
-                  if f.is_file() and f.name.startswith(("tokenizer", "chat_template", "special_tokens")))
+                  if f.is_file() and (f.name.startswith(("tokenizer", "chat_template", "special_tokens"))
+                                      or f in tokenizer_files(model_dir)))
     if chat_template and Path(chat_template).is_file():
         stamp += ((str(chat_template), Path(chat_template).stat().st_mtime_ns),)
-    return _tokenizer_sha256(str(model_dir), chat_template, stamp)
+    return _tokenizer_sha256(str(model_dir), chat_template, stamp, trust_remote_code)
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer_sha256(model_dir: str, chat_template: str | None, stamp: tuple) -> str:
+def _tokenizer_sha256(model_dir: str, chat_template: str | None, stamp: tuple, trust_remote_code: bool) -> str:
     from draftsmith.data.render import load_tokenizer
     from draftsmith.data.render import tokenizer_sha256 as data_tokenizer_sha256
 
-    return data_tokenizer_sha256(load_tokenizer(model_dir, chat_template), model_dir)
+    return data_tokenizer_sha256(load_tokenizer(model_dir, chat_template, trust_remote_code), model_dir)
 
 
 def target_revision(model_dir: Path) -> str:
@@ -185,11 +188,11 @@ def make_plan(settings, run_dir: Path) -> ExtractPlan:
     cfg = target_config(target_dir)
     num_layers = int(cfg["num_hidden_layers"])
     layer_ids = parse_layer_ids(settings.extract.layers, num_layers)
-    tok_sha = tokenizer_sha256(target_dir, settings.data.chat_template)
+    tok_sha = tokenizer_sha256(target_dir, settings.data.chat_template, settings.target.trust_remote_code)
     data_tok = (manifest.get("tokenizer") or {}).get("sha256")
     if data_tok != tok_sha:
         raise DataError(
-            f"the target's tokenizer ({target_dir}/tokenizer.json, sha256 {tok_sha[:12]}) differs from the one the "
+            f"the target's tokenizer (in {target_dir}, sha256 {tok_sha[:12]}) differs from the one the "
             f"data was built with (sha256 {str(data_tok)[:12]}, {manifest.get('tokenizer', {}).get('path')})",
             "extract with the target the data was built for (target.path), or rebuild the data",
         )

@@ -163,7 +163,8 @@ class VLLMExtractor:
                 parallel["distributed_executor_backend"] = "mp"  # ranks in worker processes; the engine stays here
             llm = LLM(model=plan.target_dir, dtype=plan.compute_dtype, enforce_eager=True,
                       max_model_len=max(max_len, 256), enable_prefix_caching=False,
-                      speculative_config=spec, kv_transfer_config=kv, seed=0, **parallel, **pin)
+                      speculative_config=spec, kv_transfer_config=kv, seed=0,
+                      trust_remote_code=settings.target.trust_remote_code, **parallel, **pin)
         except Exception as e:  # vLLM raises many types at start-up; one user-facing error with the cause
             raise EngineError(f"vLLM could not start the extraction engine: {type(e).__name__}: {e}",
                               "see docs/extraction.md (vllm backend), or use --backend hf") from e

@@ -113,6 +113,45 @@ def active_prompt_ids(queue, run_root: Path) -> set[str]:
         queue.connection, prefix, run_root)
 
 
+# Characters per token of the estimate below: English prose runs at about 4 with the tokenizers of these
+# targets; 3 errs towards warning (code, other scripts and numbers take more tokens per character).
+CHARS_PER_TOKEN = 3
+
+
+def warn_context(s: Settings, model: str, prompts: list[dict], say) -> int:
+    """Warn (one line through ``say``) when prompt + ``generation.max_tokens`` may exceed the server's context:
+    such a request is refused (a permanent ``context_length`` error record) or its answer is cut (``finish_reason:
+    length``, counted apart by ``status``). Prompt tokens are estimated from characters (:data:`CHARS_PER_TOKEN`);
+    the server's context is its ``max_model_len`` (:func:`~draftsmith.target.server.served_context`).
+
+    Returns:
+        How many of ``prompts`` may not fit (0 when the server does not report its context).
+    """
+    from draftsmith.target.server import served_context
+
+    ctx = served_context(s.target.url, model, s.target.api_key)
+    if not ctx or not prompts:
+        return 0
+    answer = s.generation.max_tokens
+    longest = 0
+    risky = 0
+    for p in prompts:
+        chars = sum(len(str(m.get("content") or "")) for m in p.get("messages") or [])
+        est = chars // CHARS_PER_TOKEN + 16  # + the chat template's own tokens
+        longest = max(longest, est)
+        risky += est + answer > ctx
+    if answer >= ctx:
+        say(f"Warning: generation.max_tokens {answer} >= the server's context ({ctx} tokens, max_model_len): every "
+            "answer that long is refused or cut. Start the target with a longer context (MAX_MODEL_LEN, "
+            "target.max_model_len) or lower generation.max_tokens")
+    elif risky:
+        say(f"Warning: {risky} of {len(prompts)} prompts may not fit the server's context: about {longest} prompt "
+            f"tokens + generation.max_tokens {answer} > max_model_len {ctx}. Their answers are cut (status counts "
+            "them) or refused (context_length error records). Raise MAX_MODEL_LEN (target.max_model_len) or lower "
+            "generation.max_tokens")
+    return risky
+
+
 def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int, dry_run: bool = False,
             split: str = "train", say: Callable[[str], None] = print) -> EnqueueReport:
     """Extract prompts from ``source`` into the run and enqueue what is pending.
@@ -167,6 +206,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     check_disk(paths.root, s.generation.min_free_disk_gb)
     model = resolve_model(s.target.url, s.target.model, s.target.api_key)
     report.model = model
+    warn_context(s, model, [batch_prompts[i] for i in wanted], say)
     paths.ensure(paths.records)
     if source and report.new_prompts:
         merged = {**existing, **{k: v for k, v in batch_prompts.items() if k not in existing}}

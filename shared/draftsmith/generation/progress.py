@@ -104,6 +104,7 @@ class ProgressSnapshot:
     total: int
     done: int
     errors: int  # records of permanent errors on disk (part of ``done``)
+    cut: int = 0  # answers that stopped at their length limit (finish_reason length; part of ``done``)
     errors_by_reason: dict[str, int] = field(default_factory=dict)  # failed requests, retries included (Redis)
     req_per_s: float | None = None
     out_tok_per_s: float | None = None
@@ -122,6 +123,7 @@ class ProgressSnapshot:
         errs = ", ".join(f"{k}={v}" for k, v in sorted(self.errors_by_reason.items()))
         return (
             f"[{self.phase}] {self.done}/{self.total} done ({self.errors} error records"
+            f"{f'; {self.cut} answers cut at their length limit' if self.cut else ''}"
             f"{'; failed requests: ' + errs if errs else ''}), "
             f"{f(self.req_per_s, '.2f')} req/s, {f(self.out_tok_per_s, '.1f')} out tok/s, "
             f"in flight {self.in_flight}, mean latency {f(self.mean_latency_s, '.1f')} s, "
@@ -154,13 +156,14 @@ def snapshot(client: redis.Redis | None, prefix: str, run_root: Path) -> Progres
             in_flight = InflightCap(client, prefix, 1, 0).in_flight()
         except redis.RedisError:
             h = {}
-    done_ids, error_records = record_tally(run_root / "records")
+    tally = record_tally(run_root / "records")
+    done_ids, error_records = tally.ids, tally.errors
     done_disk = len(done_ids)
     if not h:
         total = len(load_prompts(run_root / "prompts.jsonl"))
         phase = "done" if total and done_disk >= total else ("idle" if total else "empty")
         return ProgressSnapshot(phase=phase, total=total, done=done_disk, errors=error_records, source="disk",
-                                in_flight=in_flight)
+                                in_flight=in_flight, cut=tally.cut)
     total = int(h.get("total", 0))
     errors = {k[4:]: int(v) for k, v in h.items() if k.startswith("err:")}
     ok = int(h.get("requests_ok", 0))
@@ -181,7 +184,7 @@ def snapshot(client: redis.Redis | None, prefix: str, run_root: Path) -> Progres
     if total and done_disk >= total:
         phase = "done"
     return ProgressSnapshot(
-        phase=phase, total=total, done=done_disk, errors=error_records, errors_by_reason=errors,
+        phase=phase, total=total, done=done_disk, errors=error_records, errors_by_reason=errors, cut=tally.cut,
         req_per_s=req_s, out_tok_per_s=tok_s, in_flight=in_flight,
         mean_latency_s=lat / ok if ok else None, mean_completion_tokens=tokens / ok if ok else None,
         elapsed_s=elapsed, eta_s=eta,

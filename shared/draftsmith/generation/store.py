@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from draftsmith.artifacts import records as artifact
 from draftsmith.artifacts.records import MANIFEST_SCHEMA, RECORD_SCHEMA, SHARD_SCHEMA  # noqa: F401 (re-exported)
@@ -51,17 +51,34 @@ def done_ids(records_dir: Path) -> set[str]:
     return record_tally(records_dir)[0]
 
 
-def record_tally(records_dir: Path) -> tuple[set[str], int]:
-    """The prompts that have a record and how many of those records are permanent errors (``status: error``),
-    both read from the shard sidecars (the source of truth for what is done).
+class RecordTally(NamedTuple):
+    """What the shard sidecars say is done: ``ids`` of prompts with a record, ``errors`` (records of permanent
+    errors) and ``cut`` (records whose answer stopped at ``generation.max_tokens`` or the context: a turn with
+    ``finish_reason: length``; counted among the successes, but not whole)."""
+
+    ids: set[str]
+    errors: int
+    cut: int
+
+
+def cut_answer(record: dict[str, Any]) -> bool:
+    """Whether an ``ok`` record has a turn that stopped at its length limit (``finish_reason: length``)."""
+    return record.get("status") == "ok" and any(
+        (t or {}).get("finish_reason") == "length" for t in record.get("turns") or [])
+
+
+def record_tally(records_dir: Path) -> RecordTally:
+    """The prompts that have a record, how many of those records are permanent errors (``status: error``) and how
+    many answers were cut at their length limit, read from the shard sidecars (the source of truth for what is
+    done).
 
     Raises:
         DataError: a shard sidecar is unreadable (the message names it and the fix).
     """
     ids: set[str] = set()
-    errors = 0
+    errors = cut = 0
     if not records_dir.is_dir():
-        return ids, errors
+        return RecordTally(ids, errors, cut)
     for meta in _meta_files(records_dir):
         try:
             side = artifact.read_sidecar(meta)
@@ -70,7 +87,8 @@ def record_tally(records_dir: Path) -> tuple[set[str], int]:
             raise DataError(f"shard sidecar {meta} is unreadable ({e})",
                             "remove it and its .jsonl shard; those prompts will be regenerated") from e
         errors += int(side.get("count", len(side["ids"]))) - int(side.get("ok", side.get("count", 0)))
-    return ids, errors
+        cut += int(side.get("cut", 0))
+    return RecordTally(ids, errors, cut)
 
 
 def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> tuple[Path | None, int]:
@@ -107,6 +125,7 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
             "ids": [r["id"] for r in fresh],
             "count": len(fresh),
             "ok": sum(1 for r in fresh if r.get("status") == "ok"),
+            "cut": sum(1 for r in fresh if cut_answer(r)),
             "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

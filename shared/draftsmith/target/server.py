@@ -89,6 +89,7 @@ class VLLMServerSpec:
     speculative: dict | None = None
     max_num_seqs: int | None = None
     extra_args: list[str] = field(default_factory=list)
+    trust_remote_code: bool = False
 
     @property
     def url(self) -> str:
@@ -113,6 +114,8 @@ class VLLMServerSpec:
             cmd += ["--served-model-name", self.served_name]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
+        if self.trust_remote_code:
+            cmd.append("--trust-remote-code")
         if self.max_num_seqs:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.speculative:
@@ -329,6 +332,28 @@ def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
             f"the target server at {url} does not answer ({type(e).__name__}: {e})",
             "start it (`draftsmith target serve`, or `make up` on the GPU host) or pass the right --url",
         ) from e
+
+
+def served_context(url: str, model: str, api_key: str | None = None, timeout_s: float = 5.0) -> int | None:
+    """The context length (prompt + answer, in tokens) the server accepts for ``model``: ``max_model_len`` of its
+    ``GET /v1/models`` entry (vLLM and SGLang both report it), or None when the server does not say.
+
+    Raises:
+        TargetUnavailable: nothing answers at ``url``.
+    """
+    from draftsmith.errors import TargetUnavailable
+
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=timeout_s, headers=auth_headers(api_key))
+        r.raise_for_status()
+        entries = r.json().get("data", [])
+    except (httpx.HTTPError, ValueError) as e:
+        raise TargetUnavailable(f"the target server at {url} does not answer ({type(e).__name__}: {e})",
+                                "start it or pass the right --url") from e
+    for m in entries:
+        if m.get("id") == model and isinstance(m.get("max_model_len"), int):
+            return int(m["max_model_len"])
+    return None
 
 
 def resolve_model(url: str, wanted: str | None, api_key: str | None = None) -> str:
