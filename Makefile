@@ -20,7 +20,9 @@ $(STAMP): pyproject.toml
 
 # ---- The Compose stack (compose.yaml, .env; docs/gpu-host.md): GPU host, or ENGINE=cpu on any machine ----
 ENV_FILE ?= .env
-ENGINE ?= vllm
+# the engine `make up` starts: ENGINE=... on the command line, else ENGINE in .env, else vllm
+ENV_ENGINE = $(shell sed -n 's/^ENGINE=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
+ENGINE ?= $(or $(ENV_ENGINE),vllm)
 RUN ?= demo
 SOURCE ?= /data/prompts/gsm8k_train.jsonl
 LIMIT ?=
@@ -41,6 +43,11 @@ COMPOSE ?= $(DOCKER_COMPOSE) -p $(PROJECT) --env-file $(ENV_FILE) $(COMPOSE_FILE
 # .env values the make targets need on their own command lines (read, never sourced)
 ENV_TRAIN_GPUS = $(shell sed -n 's/^TRAIN_GPUS=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
 ENV_EVAL_ENGINE = $(shell sed -n 's/^EVAL_ENGINE=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
+# unset in .env: every GPU of the host trains (nvidia-smi -L), 1 without one; the engine evaluated is the one of
+# ENGINE (the cpu profile serves vLLM)
+HOST_GPUS = $(shell nvidia-smi -L 2> /dev/null | grep -c '^GPU' | awk '{print ($$1 > 0) ? $$1 : 1}')
+TRAIN_NPROC = $(or $(ENV_TRAIN_GPUS),$(HOST_GPUS))
+EVAL_ENGINE_USED = $(or $(ENV_EVAL_ENGINE),$(if $(filter sglang,$(ENGINE)),sglang,vllm))
 # One-off commands run inside the first running generator container (`exec`: the stack must be up). Not `run`:
 # podman's Docker API refuses the self-link docker-compose 1.29 gives one-off containers ("link is not supported").
 RUN_JOB = $(COMPOSE) exec -T -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) generator
@@ -84,14 +91,14 @@ extract: check-secrets ## Enqueue hidden-state extraction; the extractor service
 train: check-secrets ## Train the drafter in the trainer service (TRAIN_GPUS ranks): make train RUN=demo
 # the run travels as DRAFTSMITH_RUN: torchrun's parser reads `--run` after the module as its own `--run-path`
 	$(COMPOSE) --profile train run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) trainer \
-	  torchrun --standalone --nproc_per_node $(or $(ENV_TRAIN_GPUS),1) -m draftsmith train
+	  torchrun --standalone --nproc_per_node $(TRAIN_NPROC) -m draftsmith train
 
 export: check-secrets ## Export the drafter (EAGLE-3 and speculators layouts): make export RUN=demo
 	$(RUN_JOB) draftsmith export --run $(RUN) --format both
 
 eval: check-secrets ## Acceptance of the drafter in the running target (DRAFTER_DIR set in .env, then make up)
 	$(COMPOSE) --profile eval run --rm -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) evaluator \
-	  draftsmith eval --run $(RUN) --engine $(or $(ENV_EVAL_ENGINE),vllm) --url http://target:8000
+	  draftsmith eval --run $(RUN) --engine $(EVAL_ENGINE_USED) --url http://target:8000
 
 # ---------------------------------------------------------------- embedded CPU default (no GPU, no Docker)
 DEMO_SIZE ?= default

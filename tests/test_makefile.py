@@ -3,6 +3,7 @@ the repository, `help` describes every target and names the benchmarks `make ben
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -35,3 +36,26 @@ def test_help_describes_every_target_and_the_benchmarks_left_out():
         if bench == "stub_target.py":  # a server the benchmarks start, not a benchmark
             continue
         assert bench in in_bench or f"  {bench}" in r.stdout, f"{bench} is neither in make bench nor in make help"
+
+
+def _dry(target: str, env_file: Path, *args: str) -> str:
+    """The command lines ``make -n TARGET`` would run with ``env_file`` as .env (nothing runs)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGINE", "EVAL_ENGINE", "TRAIN_GPUS")}
+    p = subprocess.run(["make", "-n", target, f"ENV_FILE={env_file}", *args], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_eval_engine_and_train_gpus_follow_the_stack_unless_set(tmp_path):
+    """``make eval`` measures the engine ``make up`` started and ``make train`` uses every GPU of the host, unless
+    .env says otherwise (this machine has no GPU: one rank)."""
+    env_file = tmp_path / ".env"
+    env_file.write_text("ENGINE=sglang\nEVAL_ENGINE=\nTRAIN_GPUS=\n")
+    assert "--engine sglang --url http://target:8000" in _dry("eval", env_file)
+    assert "--engine vllm" in _dry("eval", env_file, "ENGINE=cpu")
+    assert "--nproc_per_node 1 -m draftsmith train" in _dry("train", env_file)
+    assert "--profile sglang up" in _dry("up", env_file)
+    env_file.write_text("ENGINE=sglang\nEVAL_ENGINE=vllm\nTRAIN_GPUS=4\n")
+    assert "--engine vllm" in _dry("eval", env_file)
+    assert "--nproc_per_node 4 -m draftsmith train" in _dry("train", env_file)
