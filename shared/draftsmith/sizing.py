@@ -1,0 +1,196 @@
+"""``draftsmith plan``: a whole job sized for a host before any GPU is used.
+
+From the target's folder (``config.json``, tokenizer files, the weight index; no weights are read) and the host
+(GPUs, memory per GPU, free disk under ``runs_dir``) it works out what each stage needs and says, one line per
+problem, what would stop the job: the engine flags (:mod:`draftsmith.target.profile`), the GPU split, the context
+every request needs, the drafter's size and the longest micro-batch that trains on one GPU, and the feature store's
+bytes. The arithmetic and its sources are in docs/targets.md ("Planning a job").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsmith.config import Settings
+
+GB = 1e9
+# Share of a GPU's memory a stage may plan for (the engines' own default utilisation is 0.9).
+USABLE = 0.9
+# Training state per trainable parameter: float32 weight, gradient and AdamW's two moments.
+TRAIN_BYTES_PER_PARAM = 16
+# Activations per token of a micro-batch, float32, measured for the Llama-3.1-8B drafter shape (hidden 4096) by
+# bench/ttt_memory.py (docs/training.md), scaled by hidden size; bf16 autocast on a GPU roughly halves it.
+ACT_BYTES_PER_TOKEN_4096 = 1.37e6
+FEATURE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass
+class Host:
+    """The machine a job is planned for: GPUs, memory per GPU (GB) and free disk under ``runs_dir`` (GB)."""
+
+    gpus: int
+    gpu_memory_gb: float
+    disk_free_gb: float
+
+
+def detect_host(runs_dir: Path) -> Host:
+    """This machine: GPUs and their memory from ``nvidia-smi`` (none found: 0), free disk of ``runs_dir`` (or of
+    its nearest existing parent)."""
+    gpus, mem = 0, 0.0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
+        gpus, mem = len(out), min(float(x) for x in out) / 1024 if out else 0.0  # MiB -> GiB, the smallest GPU
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    p = Path(runs_dir).resolve()
+    while not p.exists():
+        p = p.parent
+    return Host(gpus, mem, shutil.disk_usage(p).free / GB)
+
+
+@dataclass
+class Job:
+    """The regeneration job: prompts, their mean length and the mean answer length (tokens)."""
+
+    prompts: int
+    prompt_tokens: int
+    answer_tokens: int
+
+
+@dataclass
+class JobPlan:
+    """What :func:`plan_job` found: ``lines`` to print (the plan) and ``problems`` (each one line with its fix)."""
+
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def weights_bytes(folder: Path) -> int | None:
+    """Bytes of the target's weights: the weight index's ``metadata.total_size``, else the ``*.safetensors``
+    files' sizes, else None."""
+    from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
+
+    index = folder / WEIGHTS_INDEX_FILE
+    if index.is_file():
+        total = (json.loads(index.read_text()).get("metadata") or {}).get("total_size")
+        if total:
+            return int(total)
+    files = list(folder.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) if files else None
+
+
+def drafter_parameters(cfg) -> tuple[int, int]:
+    """``(all, trainable)`` parameters of the drafter ``cfg`` describes, counted on the meta device (no memory);
+    the embedding is the target's and frozen."""
+    import torch
+
+    from draftsmith.drafter.model import Eagle3Drafter
+
+    with torch.device("meta"):
+        model = Eagle3Drafter(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    return total, total - model.embed_tokens.weight.numel()
+
+
+def plan_job(s: Settings, target: Path, host: Host, job: Job) -> JobPlan:
+    """Size ``job`` on ``host`` for the target folder ``target`` with settings ``s``.
+
+    Returns:
+        A :class:`JobPlan`; an empty ``problems`` means nothing found would stop the job.
+    """
+    from draftsmith.data.render import tokenizer_files
+    from draftsmith.drafter.config import derive_config, is_mla
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.target.profile import target_profile
+
+    out = JobPlan()
+    say, problem = out.lines.append, out.problems.append
+    if not (target / "config.json").is_file():
+        problem(f"{target} has no config.json -> point target.path at the target's checkpoint folder")
+        return out
+    prof = target_profile(target)
+    cfg = json.loads((target / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    hidden, layers, vocab = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"])
+    say(f"target {target.name}: {prof.family or prof.model_type}, hidden {hidden}, {layers} layers, vocabulary "
+        f"{vocab}{', MLA' if is_mla(text) else ''}")
+
+    # tokenizer and remote code
+    if not tokenizer_files(target) and not (target / "tokenizer_config.json").is_file():
+        problem(f"{target} has no tokenizer files (tokenizer.json, tiktoken.model, ...) -> download the whole "
+                "checkpoint folder")
+    if prof.trust_remote_code and not s.target.trust_remote_code:
+        problem(f"the target ships its own code ({', '.join(prof.remote_code_files) or 'auto_map'}) -> read it, "
+                "then set TRUST_REMOTE_CODE=1 in .env (target.trust_remote_code=true)")
+    for engine in ("vllm", "sglang"):
+        say(f"{engine} flags: {' '.join(prof.engine_args(engine)) or '(none)'}")
+
+    # GPUs: the engine and the extractor split the target over every GPU; training puts one drafter per GPU
+    wb = weights_bytes(target)
+    usable = host.gpu_memory_gb * USABLE
+    if host.gpus < 1:
+        problem("no GPU found (nvidia-smi) -> run on the GPU host, or pass --gpus and --gpu-memory-gb to plan for it")
+    if wb is None:
+        problem(f"{target} has no weight index (model.safetensors.index.json) and no *.safetensors -> download "
+                "the weights")
+    elif host.gpus:
+        per_gpu = wb / GB / host.gpus
+        say(f"weights {wb / GB:.0f} GB: {per_gpu:.1f} GB per GPU at tensor parallel {host.gpus} "
+            f"(TENSOR_PARALLEL_SIZE={host.gpus}, EXTRACT_GPUS={host.gpus}); {usable - per_gpu:.1f} GB left per GPU "
+            "for the KV cache")
+        if per_gpu > usable:
+            problem(f"the weights need {per_gpu:.0f} GB per GPU over {host.gpus} GPUs of {host.gpu_memory_gb:.0f} GB "
+                    "-> more GPUs, or a quantized checkpoint")
+
+    # context every request needs
+    need = job.prompt_tokens + s.generation.max_tokens
+    say(f"context: prompt {job.prompt_tokens} + generation.max_tokens {s.generation.max_tokens} = {need} tokens; "
+        f"target.max_model_len {s.target.max_model_len} (MAX_MODEL_LEN)")
+    if s.target.max_model_len < need:
+        problem(f"MAX_MODEL_LEN {s.target.max_model_len} < {need} (prompt + generation.max_tokens) -> raise "
+                f"MAX_MODEL_LEN to at least {need}, or lower generation.max_tokens")
+    sample = job.prompt_tokens + job.answer_tokens
+    if s.data.max_length < sample:
+        problem(f"data.max_length {s.data.max_length} < a mean sample of {sample} tokens: most samples would be "
+                f"cut ({s.data.too_long}) -> set data.max_length to at least {sample}")
+
+    # drafter and training memory
+    n_draft = s.train.draft_vocab_size or s.data.draft_vocab_size
+    try:
+        dcfg = derive_config(target, min(n_draft, vocab), s.train.layer_ids or s.extract.layers,
+                             s.train.num_layers)
+    except DraftsmithError as e:
+        problem(str(e))
+        return out
+    total, trainable = drafter_parameters(dcfg)
+    fixed = trainable * TRAIN_BYTES_PER_PARAM / GB
+    act = ACT_BYTES_PER_TOKEN_4096 * dcfg.hidden_size / 4096 / (2 if host.gpus else 1) / GB  # bf16 on a GPU
+    fits = int((usable - fixed) / act) if usable > fixed else 0
+    say(f"drafter: {total / 1e9:.2f} B parameters ({trainable / 1e9:.2f} B trained), draft vocabulary {n_draft}; "
+        f"{fixed:.1f} GB of weights, gradients and AdamW per GPU; about {act * 1e3:.2f} MB per token: the longest "
+        f"micro-batch on one GPU is about {fits} tokens")
+    if host.gpus and fits < s.data.max_length:
+        problem(f"a {s.data.max_length}-token sample (data.max_length) does not fit one GPU (about {fits} tokens "
+                "do) -> lower data.max_length, or a GPU with more memory")
+    elif host.gpus and fits < s.train.batch_tokens:
+        problem(f"train.batch_tokens {s.train.batch_tokens} is over the {fits} tokens that fit one GPU -> set "
+                f"train.batch_tokens to {max(s.data.max_length, fits // 1024 * 1024)}")
+    say(f"training: {max(host.gpus, 1)} ranks (TRAIN_GPUS), {s.train.parallel}; stop the target first")
+
+    # feature store
+    ids = dcfg.layer_ids
+    per_token = (len(ids) + 1) * hidden * FEATURE_BYTES[s.extract.dtype]
+    tokens = job.prompts * sample
+    need_gb = tokens * per_token / GB * s.extract.disk_margin
+    say(f"feature store: {job.prompts} prompts x {sample} tokens x {per_token / 1e3:.1f} KB per token "
+        f"({len(ids)} aux layers + the final one, {s.extract.dtype}) = {tokens * per_token / GB:.0f} GB "
+        f"({need_gb:.0f} GB with extract.disk_margin); {host.disk_free_gb:.0f} GB free under {s.runs_dir}")
+    if need_gb > host.disk_free_gb:
+        problem(f"the features need {need_gb:.0f} GB, {host.disk_free_gb:.0f} GB are free under {s.runs_dir} -> "
+                "free disk, point runs_dir at a larger disk, or extract fewer samples")
+    return out
