@@ -32,6 +32,49 @@ log = get_logger(__name__)
 _EXTRACTORS: dict[tuple, Any] = {}
 
 
+def extraction_gpus(plan: ExtractPlan, settings) -> list[int]:
+    """CUDA device indices the extraction of ``plan`` loads the target onto: ``extract.tensor_parallel_size``
+    devices from 0 for the vllm backend, the one of ``extract.device`` for hf; none on a machine without CUDA."""
+    if not torch.cuda.is_available():
+        return []
+    if plan.backend == "vllm":
+        return list(range(settings.extract.tensor_parallel_size))
+    dev = torch.device(settings.extract.device)
+    return [dev.index or 0] if dev.type == "cuda" else []
+
+
+def require_free_gpus(target_dir: Path, devices: list[int], mem_get_info=None, margin: float = 1.1) -> None:
+    """Refuse, in one line, to load the target onto GPUs that something else holds (the target service, most often:
+    it and the extractor must never share GPUs).
+
+    Each device needs ``margin`` x the target's weights / ``len(devices)`` free (weights from the weight index,
+    :func:`draftsmith.sizing.weights_bytes`; unknown: nothing is checked).
+
+    Args:
+        mem_get_info: ``torch.cuda.mem_get_info`` (``(free, total)`` bytes of a device); a stand-in in tests, which
+            have no GPU.
+
+    Raises:
+        EngineError: a device has less free memory than its share; the message names the devices and the fix.
+    """
+    from draftsmith.errors import EngineError
+    from draftsmith.sizing import weights_bytes
+
+    wb = weights_bytes(Path(target_dir))
+    if not devices or not wb:
+        return
+    if mem_get_info is None:
+        mem_get_info = torch.cuda.mem_get_info
+    need = wb * margin / len(devices)
+    short = {i: mem_get_info(i)[0] for i in devices}
+    short = {i: free for i, free in short.items() if free < need}
+    if short:
+        got = ", ".join(f"GPU {i}: {free / 1e9:.1f} GB free" for i, free in short.items())
+        raise EngineError(f"the target needs {need / 1e9:.1f} GB on each of GPUs {devices} for extraction; {got}",
+                          "another process holds them, most often the target service: stop it first "
+                          "(docker compose -p draftsmith stop target-vllm target-sglang), then run the extractor")
+
+
 def get_extractor(plan: ExtractPlan, settings) -> Any:
     """The backend object for a plan (cached per process): anything with ``extract(seqs) -> [SampleFeatures]``.
 
@@ -48,6 +91,7 @@ def get_extractor(plan: ExtractPlan, settings) -> Any:
     if key not in _EXTRACTORS:
         log.info("loading target %s for extraction (backend %s, %s, %s; pid %d)", plan.target_dir, plan.backend,
                  x.device, plan.compute_dtype, os.getpid())
+        require_free_gpus(Path(plan.target_dir), extraction_gpus(plan, settings))
         if plan.backend == "vllm":
             from draftsmith.features.vllm_backend import VLLMExtractor
 
