@@ -24,8 +24,8 @@ def test_enqueue_warns_when_prompt_and_answer_exceed_the_context(vllm_server):
     said: list[str] = []
     s = load_settings(overrides={"target": {"url": vllm_server}, "generation": {"max_tokens": 1024}})
     assert warn_context(s, name, [prompt(0, 300), prompt(1, 500)], said.append) == 0 and said == []
-    # one prompt of about 3,000 tokens beside a 1,024-token answer cannot fit 4,096
-    assert warn_context(s, name, [prompt(0, 300), prompt(1, 9000)], said.append) == 1
+    # one prompt of about 4,000 tokens (12,000 characters) beside a 1,024-token answer cannot fit 4,096
+    assert warn_context(s, name, [prompt(0, 300), prompt(1, 12000)], said.append) == 1
     assert "1 of 2 prompts may not fit" in said[-1] and "max_model_len 4096" in said[-1]
     long = load_settings(overrides={"target": {"url": vllm_server}, "generation": {"max_tokens": 8192}})
     assert warn_context(long, name, [prompt(0, 300)], said.append) == 1
