@@ -136,7 +136,9 @@ def plan_job(s: Settings, target: Path, host: Host, job: Job) -> JobPlan:
     if host.gpus < 1:
         problem("no GPU found (nvidia-smi) -> run on the GPU host, or pass --gpus and --gpu-memory-gb to plan for it")
     if wb is None:
-        problem(f"{target} has no weight index (model.safetensors.index.json) and no *.safetensors -> download "
+        from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
+
+        problem(f"{target} has no weight index ({WEIGHTS_INDEX_FILE}) and no *.safetensors -> download "
                 "the weights")
     elif host.gpus:
         per_gpu = wb / GB / host.gpus

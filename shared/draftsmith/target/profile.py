@@ -36,7 +36,7 @@ class Family:
 
 FAMILIES = (
     Family("Kimi-K2.5", ("kimi_k25",), "kimi_k2", "kimi_k2", ("--mm-encoder-tp-mode", "data"), (),
-           "moonshotai/Kimi-K2.5 docs/deploy_guidance.md; SGLang docs basic_usage/kimi_k2_5"),
+           "the deploy guide of moonshotai/Kimi-K2.5 on Hugging Face; SGLang's Kimi-K2.5 usage page"),
     Family("Kimi-K2", ("kimi_k2",), "kimi_k2", "kimi_k2", (), (),
            "moonshotai/Kimi-K2-Thinking deploy guide (the same parsers)"),
     Family("Qwen3", ("qwen3", "qwen3_moe"), "qwen3", None, (), (), "Qwen3 model card (vLLM and SGLang: qwen3)"),
