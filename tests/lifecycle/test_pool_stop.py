@@ -68,3 +68,24 @@ def test_a_worker_that_missed_its_stop_signal_is_stopped(redis_url):
     assert "pool: stopped" in out and p.returncode == 0, out[-2000:]
     assert took < 15, f"the pool took {took:.0f} s to stop\n{out[-2000:]}"
     assert Worker.all(queue=queue) == [], "the stopped worker is still registered"
+
+
+def test_a_burst_worker_never_starts_a_scheduler_process(redis_url):
+    """rq's maintenance starts a worker's scheduler as a process when the scheduler lock is free; a burst worker
+    must not have one, or the process keeps it (and `make demo`'s generation, seen hung with every prompt
+    answered) alive after its last job. Real worker object over the real Redis, maintenance run at once."""
+    import psutil
+    from draftsmith.jobqueue.queues import connect, get_queue
+    from draftsmith.jobqueue.worker import DraftsmithWorker
+    from rq.serializers import JSONSerializer
+
+    client = connect(redis_url)
+    queue = get_queue(client, "dsburst", "generate")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    w = DraftsmithWorker([queue], connection=client, serializer=JSONSerializer)
+    w._start_scheduler(burst=True)
+    assert w.scheduler is None
+    w.run_maintenance_tasks()  # with a scheduler kept, this forked one (the lock is free)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    assert w.work(burst=True) is False  # an empty queue: returns at once
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before

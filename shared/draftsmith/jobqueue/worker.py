@@ -93,20 +93,24 @@ class _DraftsmithWork:
 
     def _start_scheduler(self, burst: bool = False, logging_level: str | None = "INFO", *args, **kwargs):
         """rq's scheduler start, with :class:`BoundScheduler` (burst workers only enqueue due jobs, in-process)."""
-        self.scheduler = BoundScheduler(self.queues, connection=self.connection, serializer=self.serializer,
-                                        logging_level=logging_level if logging_level is not None else self.log.level)
-        self.scheduler.acquire_locks()
-        if not self.scheduler.acquired_locks:
+        scheduler = BoundScheduler(self.queues, connection=self.connection, serializer=self.serializer,
+                                   logging_level=logging_level if logging_level is not None else self.log.level)
+        # A burst worker keeps no scheduler: rq's maintenance (every MAINTENANCE_INTERVAL_S here) starts the
+        # worker's scheduler as a process whenever it can take the lock, and in a burst worker that process kept
+        # the worker, and `make demo`'s generation, waiting after the last job (every prompt answered).
+        self.scheduler = None if burst else scheduler
+        scheduler.acquire_locks()
+        if not scheduler.acquired_locks:
             return
         if burst:
             try:
-                self.scheduler.register_birth()
-                self.scheduler.enqueue_scheduled_jobs()
+                scheduler.register_birth()
+                scheduler.enqueue_scheduled_jobs()
             finally:
-                self.scheduler.release_locks()
-                self.scheduler.register_death()
+                scheduler.release_locks()
+                scheduler.register_death()
         else:
-            self.scheduler.start()
+            scheduler.start()
 
     def execute_job(self, job, queue):
         """Run ``job`` in a work-horse unless the disk of its run folder is full (then stop taking work)."""
