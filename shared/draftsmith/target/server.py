@@ -307,8 +307,8 @@ def wait_ready(url: str, timeout_s: float = 0.0, api_key: str | None = None) -> 
         time.sleep(0.5)
 
 
-def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> list[str]:
-    """Model names the server serves (``GET /v1/models``).
+def models_served(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> list[dict]:
+    """The entries of the server's ``GET /v1/models`` (``id``, and ``max_model_len`` from vLLM and SGLang).
 
     Raises:
         TargetAuthError: the server answers 401/403 (wrong or missing API key; the key itself is never printed).
@@ -326,12 +326,25 @@ def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
                 "check the key: set DRAFTSMITH_TARGET__API_KEY (target.api_key) to the key the server was started with",
             )
         r.raise_for_status()
-        return [m["id"] for m in r.json().get("data", [])]
-    except (httpx.HTTPError, ValueError, KeyError) as e:
+        entries = r.json().get("data", [])
+        if not all(isinstance(m, dict) and "id" in m for m in entries):
+            raise ValueError("an entry of /v1/models names no model id")
+        return entries
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         raise TargetUnavailable(
             f"the target server at {url} does not answer ({type(e).__name__}: {e})",
             "start it (`draftsmith target serve`, or `make up` on the GPU host) or pass the right --url",
         ) from e
+
+
+def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> list[str]:
+    """Model names the server serves (``GET /v1/models``).
+
+    Raises:
+        TargetAuthError: the server answers 401/403 (wrong or missing API key; the key itself is never printed).
+        TargetUnavailable: nothing answers at ``url``.
+    """
+    return [m["id"] for m in models_served(url, api_key, timeout_s)]
 
 
 def served_context(url: str, model: str, api_key: str | None = None, timeout_s: float = 5.0) -> int | None:
@@ -339,18 +352,9 @@ def served_context(url: str, model: str, api_key: str | None = None, timeout_s: 
     ``GET /v1/models`` entry (vLLM and SGLang both report it), or None when the server does not say.
 
     Raises:
-        TargetUnavailable: nothing answers at ``url``.
+        TargetAuthError / TargetUnavailable: as :func:`models_served`.
     """
-    from draftsmith.errors import TargetUnavailable
-
-    try:
-        r = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=timeout_s, headers=auth_headers(api_key))
-        r.raise_for_status()
-        entries = r.json().get("data", [])
-    except (httpx.HTTPError, ValueError) as e:
-        raise TargetUnavailable(f"the target server at {url} does not answer ({type(e).__name__}: {e})",
-                                "start it or pass the right --url") from e
-    for m in entries:
+    for m in models_served(url, api_key, timeout_s):
         if m.get("id") == model and isinstance(m.get("max_model_len"), int):
             return int(m["max_model_len"])
     return None
