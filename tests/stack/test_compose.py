@@ -312,7 +312,7 @@ def test_make_refuses_without_secrets_naming_them(tmp_path):
     assert ok.returncode == 0, ok.stderr
 
 
-def _run_launch_script(tmp_path: Path, script: str, drafter: bool) -> list[str]:
+def _run_launch_script(tmp_path: Path, script: str, drafter: bool, extra_env: dict | None = None) -> list[str]:
     """Run a target launch script with a stand-in ``python3`` that prints its argv: the official engine images
     cannot run here, so this checks only the command line the script builds."""
     stub = tmp_path / "bin"
@@ -328,7 +328,7 @@ def _run_launch_script(tmp_path: Path, script: str, drafter: bool) -> list[str]:
     env = {"PATH": f"{stub}:/usr/bin:/bin", "MODELS_ROOT": str(tmp_path / "models"), "TARGET_MODEL": "T",
            "SERVED_MODEL_NAME": "kimi",
            "TENSOR_PARALLEL_SIZE": "8", "MAX_MODEL_LEN": "8192", "NUM_SPECULATIVE_TOKENS": "3",
-           "DRAFTER_DIR": str(draft) if drafter else "", "TARGET_EXTRA_ARGS": "--foo 1"}
+           "DRAFTER_DIR": str(draft) if drafter else "", "TARGET_EXTRA_ARGS": "--foo 1", **(extra_env or {})}
     out = subprocess.run(["sh", str(REPO / "services/target" / script)], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
@@ -353,6 +353,21 @@ def test_sglang_launch_script(tmp_path):
     assert argv[argv.index("--speculative-num-steps") + 1] == "3"
     assert argv[argv.index("--speculative-eagle-topk") + 1] == "1"
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
+
+
+@pytest.mark.parametrize("script", ["vllm-serve.sh", "sglang-serve.sh"])
+def test_launch_scripts_pass_the_target_profile_and_keep_engine_args_apart(tmp_path, script):
+    """The lines `draftsmith target flags` prints for Kimi-K2.5 (docs/targets.md) reach each engine; an
+    engine's own extra arguments reach only that engine, TARGET_EXTRA_ARGS both."""
+    argv = _run_launch_script(tmp_path, script, drafter=False, extra_env={
+        "TRUST_REMOTE_CODE": "1", "REASONING_PARSER": "kimi_k2", "TOOL_CALL_PARSER": "kimi_k2",
+        "VLLM_EXTRA_ARGS": "--mm-encoder-tp-mode data", "SGLANG_EXTRA_ARGS": "--mem-fraction-static 0.85"})
+    joined = " ".join(argv)
+    assert "--trust-remote-code --reasoning-parser kimi_k2 --tool-call-parser kimi_k2" in joined
+    assert argv[-2:] == ["--foo", "1"]
+    assert ("--mm-encoder-tp-mode data" in joined) == (script == "vllm-serve.sh")
+    assert ("--mem-fraction-static 0.85" in joined) == (script == "sglang-serve.sh")
+    assert "--trust-remote-code" not in _run_launch_script(tmp_path, script, drafter=False)
 
 
 def test_launch_script_refuses_missing_model(tmp_path):
