@@ -304,6 +304,11 @@ class TrainConfig(Section):
     features: Literal["offline", "stream"] = Field(
         "offline", description="Read features/ shards, or stream them from the extractor."
     )
+    loader_workers: int = Field(
+        1, ge=0, description="Processes that read stored features ahead of the training step (torch DataLoader "
+        "workers, pinned memory on a GPU); 0 = read in the training process when a step needs them "
+        "(drafter/loader.py).",
+    )
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp", description="Data parallelism under torchrun: ddp replicates the drafter; fsdp shards weights, "
         "gradients and optimizer state (FSDP2) for drafters too big to replicate.",

@@ -42,7 +42,7 @@ def test_progress_line_shows_grad_norm_step_time_memory_and_mfu():
     from draftsmith.drafter.trainer import StepTiming, progress_line
     from draftsmith.drafter.ttt import StepStats
 
-    st = StepStats([2.0, 4.0], [1.0, 2.0], [1.0, 1.0], [2.0, 2.0])
+    st = StepStats.of([2.0, 4.0], [1.0, 2.0], [1.0, 1.0], [2.0, 2.0])
     line = progress_line(10, 100, 0, st, 1e-4, 1234.0, 60.0, StepTiming(0.5, 1.25, 3.5, 0.412))
     assert "tok/s 1,234 grad_norm 0.500 step_s 1.25 peak_mem 3.50 GB mfu 41.2% elapsed 0:01:00" in line
     assert "mfu" not in progress_line(10, 100, 0, st, 1e-4, 1234.0, 60.0, StepTiming(0.5, 1.25, 3.5, None))

@@ -49,7 +49,7 @@ def test_training_learns_and_reports(run_factory, caplog):
 
 
 def test_progress_line_format():
-    st = StepStats([2.0, 3.0], [1.0, 1.0], [1.0, 0.0], [2.0, 2.0])
+    st = StepStats.of([2.0, 3.0], [1.0, 1.0], [1.0, 0.0], [2.0, 2.0])
     line = progress_line(5, 10, 0, st, 1e-4, 1234.0, 65.0)
     assert line == ("step       5/10 epoch 0 loss 2.5000 acc 0.500/0.000 accept_len 1.500 lr 1.000e-04 "
                     "tok/s 1,234 elapsed 0:01:05 eta 0:01:05")

@@ -164,6 +164,19 @@ def test_attention_is_exact_in_float64(block):
     torch.testing.assert_close(ttt_attention_reference(q, cache), ref, rtol=1e-6, atol=1e-6)  # float32 softmax
 
 
+def test_mixed_dtypes_meet_in_the_wider_one():
+    """A step's float32 queries over bf16 keys of step 0 (the EAGLE-3.1 norms under bf16 autocast give that):
+    computed in float32, as the exact formula over the same values."""
+    torch.manual_seed(0)
+    B, h, hkv, T, d = 1, 4, 2, 20, 8
+    q = torch.randn(B, h, T, d)
+    cache = [(torch.randn(B, hkv, T, d).bfloat16(), torch.randn(B, hkv, T, d).bfloat16()) for _ in range(3)]
+    out = ttt_attention_blockwise(q, cache, 8)
+    assert out.dtype == torch.float32
+    ref = _exact_reference(q.double(), [(k.double(), v.double()) for k, v in cache])
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_bf16_autocast_stays_close():
     """Under bf16 autocast (the trainer on GPUs and AMX CPUs) both follow the same dtypes: close, not equal."""
     m = _model(1)
@@ -214,3 +227,28 @@ def test_chunked_loss_refuses_a_second_backward():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="twice"):
         loss.backward()
+
+
+def test_a_training_step_reads_nothing_back_from_the_device():
+    """Forward and backward of the TTT loss (blockwise attention, chunked loss) make no host read of a tensor's
+    value: on a GPU each would be a device sync. Counted at the dispatcher, where ``float()``, ``bool()``,
+    ``.item()`` and ``torch.equal`` land (``_local_scalar_dense``, ``equal``, ``is_nonzero``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reads: list[str] = []
+
+    class HostReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("_local_scalar_dense", "equal", "is_nonzero"):
+                reads.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    m = _model(1)
+    ids, mask, aux, lengths, final, head = _batch(45)
+    set_ttt_attention(m, "blockwise")
+    view = target_view(final, head, m.d2t, m.t2d)
+    with HostReads():
+        loss, stats = ttt_loss(m, ids, mask, aux, lengths, view, 3, loss="chunked")
+        (loss * 0.5).backward()
+    assert reads == []
+    assert stats.sums.shape == (4, 3) and stats.loss_rows[0] > 0  # read once, outside the step

@@ -13,9 +13,11 @@ per ``train.log_every`` steps, mirrors it as Prometheus metrics (``draftsmith.me
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +37,9 @@ from draftsmith.drafter.checkpoint import (
     save_checkpoint,
 )
 from draftsmith.drafter.config import derive_config
-from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, collate, make_batches
+from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
+from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.ttt import StepStats, draft_rows, target_view, ttt_loss
 from draftsmith.drafter.ttt_attention import set_ttt_attention
@@ -345,20 +348,26 @@ class Trainer:
         return b[self.dist.rank : n : self.dist.world]
 
     def _batch(self, ids: list[str]) -> dict[str, torch.Tensor] | None:
-        samples = [self.samples.samples[i] for i in ids]
-        feats = self.features.get(ids)
-        keep = [j for j, (a, f) in enumerate(feats) if bool(torch.isfinite(a).all() and torch.isfinite(f).all())]
-        if len(keep) < len(ids):
-            self.nan_features += len(ids) - len(keep)
-            log.warning("skipped %d sample(s) with NaN/Inf features (%d so far)", len(ids) - len(keep), self.nan_features)
-        if not keep:
+        """One micro-batch read in this process and moved to the device (held-out passes, stand-ins)."""
+        return self._on_device(host_batch(self.samples, self.features, ids))
+
+    def _on_device(self, hb: HostBatch) -> dict[str, torch.Tensor] | None:
+        """A :class:`HostBatch` on the training device with its ``in_vocab``; ``None`` when no sample was kept."""
+        if hb.skipped:
+            self.nan_features += hb.skipped
+            log.warning("skipped %d sample(s) with NaN/Inf features (%d so far)", hb.skipped, self.nan_features)
+        if hb.tensors is None:
             return None
-        kept = [ids[j] for j in keep]
-        b = collate([samples[j] for j in keep], [feats[j] for j in keep])
-        self._batch_tokens = int(b["lengths"].sum())  # on the host, before the batch moves to the device
-        b = {k: v.to(self.dist.device) for k, v in b.items()}
-        b["in_vocab"] = self._in_vocab(kept, b)
+        self._batch_tokens = hb.tokens  # counted on the host, before the batch moves to the device
+        b = {k: v.to(self.dist.device, non_blocking=True) for k, v in hb.tensors.items()}
+        b["in_vocab"] = self._in_vocab(hb.kept, b)
         return b
+
+    def _reader(self, batches: list[list[str]]):
+        """:func:`read_ahead` over this rank's next micro-batches (stored features only: a streamed source holds
+        the target model in this process)."""
+        workers = self.tc.loader_workers if isinstance(self.features, OfflineFeatures) else 0
+        return read_ahead(self.samples, self.features, batches, workers, pin=self.dist.device.type == "cuda")
 
     def _in_vocab(self, ids: list[str], b: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[B, T]`` bool: the target's full-vocabulary top-1 is a draft token; computed once per sample, cached
@@ -412,9 +421,13 @@ class Trainer:
             elif self.sharded:
                 self._forward(self._standin(), self.objective)
         self.objective.train()
-        k = self.tc.ttt_steps
-        t = total.as_tensor() if total.loss_sum else torch.zeros(4, k, dtype=torch.float64)
-        return StepStats.from_tensor(_all_sum(t, self.dist))
+        return StepStats.from_tensor(_all_sum(self._sums(total), self.dist))
+
+    def _sums(self, stats: StepStats) -> torch.Tensor:
+        """``[4, k]`` of ``stats``, zeros when no batch was added (every rank joins the all-reduce)."""
+        if stats.empty:
+            return torch.zeros(4, self.tc.ttt_steps, dtype=torch.float64, device=self.dist.device)
+        return stats.as_tensor()
 
     def _save(self) -> None:
         full_model = full_model_state(self.model) if self.sharded else None  # collectives under FSDP:
@@ -522,66 +535,68 @@ class Trainer:
         while self.step < self.total_steps:
             batches = self._rank_batches(self.epoch)
             usable = len(batches) // tc.grad_accum * tc.grad_accum
-            while self.position < usable and self.step < self.total_steps:
-                group = batches[self.position : self.position + tc.grad_accum]
-                for m, ids in enumerate(group):
-                    batch, scale = self._batch(ids), 1.0
-                    if batch is None and self.dist.world > 1:
-                        batch, scale = self._standin(), 0.0  # keeps the ranks in step, adds no gradient
-                    with self._sync(m == len(group) - 1):
-                        if batch is None:
+            with closing(self._reader(batches[self.position : usable])) as reader:
+                while self.position < usable and self.step < self.total_steps:
+                    group = batches[self.position : self.position + tc.grad_accum]
+                    bad_loss = torch.zeros((), dtype=torch.bool, device=self.dist.device)
+                    for m, hb in enumerate(itertools.islice(reader, len(group))):
+                        batch, scale = self._on_device(hb), 1.0
+                        if batch is None and self.dist.world > 1:
+                            batch, scale = self._standin(), 0.0  # keeps the ranks in step, adds no gradient
+                        with self._sync(m == len(group) - 1):
+                            if batch is None:
+                                continue
+                            loss, st = self._forward(batch, self.ddp)
+                            # kept on the device: read with the gradient norm, once per optimizer step
+                            bad_loss = bad_loss | ~torch.isfinite(loss.detach())
+                            (loss * scale / tc.grad_accum).backward()
+                        if not scale:
                             continue
-                        loss, st = self._forward(batch, self.ddp)
-                        # before backward: the chunked loss's backward refuses a NaN upstream gradient
-                        if not torch.isfinite(loss):
-                            raise TrainingError(f"loss is {loss.item()} at step {self.step}",
-                                                "the last good checkpoint is kept; lower train.lr or check features")
-                        (loss * scale / tc.grad_accum).backward()
-                    if not scale:
-                        continue
-                    interval.add(st)
-                    n_tok = float(self._batch_tokens)  # counted on the host when the batch was built
-                    tokens += n_tok
-                    run_tokens += n_tok
-                    metrics.TRAIN_TOKENS.labels(self.s.run).inc(n_tok)
-                gnorm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), tc.grad_clip)
-                gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # FSDP: a DTensor
-                # a NaN or Inf must stop before it reaches the weights: the only reads of the device per step are
-                # these guards (every figure of the progress line is read once per log interval instead)
-                if not torch.isfinite(gnorm):
-                    raise TrainingError(f"gradient norm is {gnorm.item()} at step {self.step}",
-                                        "the last good checkpoint is kept; lower train.lr or check features")
-                last_gnorm = gnorm.detach()
-                steps_in_interval += 1
-                self.opt.step()
-                self.sched.step()
-                self.opt.zero_grad(set_to_none=True)
-                self.step += 1
-                self.position += len(group)
-                if self.step % tc.eval_every == 0 and self.held_ids:
-                    held = self.evaluate()
-                if self.step % tc.log_every == 0 or self.step == self.total_steps:
-                    red = StepStats.from_tensor(_all_sum(interval.as_tensor(), self.dist))
-                    gn = float(last_gnorm)
-                    metrics.TRAIN_GRAD_NORM.labels(self.s.run).set(gn)
-                    timing = StepTiming(grad_norm=gn, step_s=(time.time() - t_int) / max(steps_in_interval, 1),
-                                        peak_gb=peak_memory_gb(self.dist.device))
-                    self._report(red, tokens * self.dist.world, time.time() - t_int, t0, held, timing=timing)
-                    last_train, interval, tokens, t_int = red, StepStats(), 0.0, time.time()
-                    steps_in_interval = 0
-                saved = self.step % tc.save_every == 0 and self.step < self.total_steps
-                if saved:
-                    self._save()
-                if stop_at is not None and self.step >= stop_at:
-                    return {"step": self.step, "stopped": True}
-                if self.step < self.total_steps and self._stop_agreed(stop):
-                    raise self._interrupted(stop, saved)
+                        interval.add(st)
+                        n_tok = float(self._batch_tokens)  # counted on the host when the batch was built
+                        tokens += n_tok
+                        run_tokens += n_tok
+                        metrics.TRAIN_TOKENS.labels(self.s.run).inc(n_tok)
+                    gnorm = torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), tc.grad_clip)
+                    gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm  # FSDP: a DTensor
+                    # a NaN or Inf must stop before it reaches the weights: this guard is the one read of the device
+                    # per optimizer step (a NaN loss makes a NaN gradient; every figure of the progress line is read
+                    # once per log interval instead)
+                    if not bool(torch.isfinite(gnorm) & ~bad_loss):
+                        what = "loss is nan or inf" if bool(bad_loss) else f"gradient norm is {gnorm.item()}"
+                        raise TrainingError(f"{what} at step {self.step}",
+                                            "the last good checkpoint is kept; lower train.lr or check features")
+                    last_gnorm = gnorm.detach()
+                    steps_in_interval += 1
+                    self.opt.step()
+                    self.sched.step()
+                    self.opt.zero_grad(set_to_none=True)
+                    self.step += 1
+                    self.position += len(group)
+                    if self.step % tc.eval_every == 0 and self.held_ids:
+                        held = self.evaluate()
+                    if self.step % tc.log_every == 0 or self.step == self.total_steps:
+                        red = StepStats.from_tensor(_all_sum(self._sums(interval), self.dist))
+                        gn = float(last_gnorm)
+                        metrics.TRAIN_GRAD_NORM.labels(self.s.run).set(gn)
+                        timing = StepTiming(grad_norm=gn, step_s=(time.time() - t_int) / max(steps_in_interval, 1),
+                                            peak_gb=peak_memory_gb(self.dist.device))
+                        self._report(red, tokens * self.dist.world, time.time() - t_int, t0, held, timing=timing)
+                        last_train, interval, tokens, t_int = red, StepStats(), 0.0, time.time()
+                        steps_in_interval = 0
+                    saved = self.step % tc.save_every == 0 and self.step < self.total_steps
+                    if saved:
+                        self._save()
+                    if stop_at is not None and self.step >= stop_at:
+                        return {"step": self.step, "stopped": True}
+                    if self.step < self.total_steps and self._stop_agreed(stop):
+                        raise self._interrupted(stop, saved)
             if self.position >= usable:
                 self.epoch, self.position = self.epoch + 1, 0
             if tc.max_steps is None and self.epoch >= tc.epochs:
                 break
-        if interval.loss_sum:
-            last_train = StepStats.from_tensor(_all_sum(interval.as_tensor(), self.dist))
+        if not interval.empty:
+            last_train = StepStats.from_tensor(_all_sum(self._sums(interval), self.dist))
         train_s = time.time() - t0  # before the held-out pass, which moves no training tokens
         held = self.evaluate() if self.held_ids else None
         self._report(last_train, run_tokens * self.dist.world, train_s, t0, held, line=False)
@@ -592,7 +607,7 @@ class Trainer:
         return {"step": self.step, "epoch": self.epoch, "extract_skipped_samples": self.extract_skipped,
                 "nan_feature_samples": self.nan_features,
                 "train": {"loss": last_train.losses, "acc": last_train.accs,
-                          "accept_len": last_train.acceptance_length if last_train.loss_sum else None},
+                          "accept_len": None if last_train.empty else last_train.acceptance_length},
                 "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,
                                                       "accept_len": held.acceptance_length},
                 "checkpoint": str(latest_checkpoint(self.paths.checkpoints))}

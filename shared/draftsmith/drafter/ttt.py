@@ -16,7 +16,7 @@ mean acceptance length).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -89,31 +89,63 @@ def _shift(x: torch.Tensor, s: int) -> torch.Tensor:
 
 @dataclass
 class StepStats:
-    """Sums over a batch for each TTT step (summable across batches and ranks)."""
+    """Sums over batches for each TTT step, kept where they were computed (summable across batches and ranks).
 
-    loss_sum: list[float] = field(default_factory=list)  # soft-CE summed over loss rows
-    loss_rows: list[float] = field(default_factory=list)  # rows in the loss (mask and in-vocab)
-    correct: list[float] = field(default_factory=list)  # draft top-1 == target top-1 (in-vocab)
-    supervised: list[float] = field(default_factory=list)  # loss-masked rows (accuracy denominator)
+    ``sums``: ``[4, k]`` float64 on the training device, rows loss_sum (soft-CE summed over loss rows), loss_rows
+    (rows in the loss: mask and in-vocab), correct (draft top-1 == target top-1, in-vocab) and supervised
+    (loss-masked rows, the accuracy denominator); ``None`` before the first batch. Adding stays on the device, so
+    a training step never waits for the host; the list properties read the device once (a sync on a GPU) and are
+    meant for the log interval, not the step.
+    """
+
+    sums: torch.Tensor | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.sums is None
 
     def add(self, other: StepStats) -> None:
-        if not self.loss_sum:
-            self.loss_sum, self.loss_rows = list(other.loss_sum), list(other.loss_rows)
-            self.correct, self.supervised = list(other.correct), list(other.supervised)
-            return
-        for a, b in ((self.loss_sum, other.loss_sum), (self.loss_rows, other.loss_rows),
-                     (self.correct, other.correct), (self.supervised, other.supervised)):
-            for i, v in enumerate(b):
-                a[i] += v
+        if other.sums is not None:
+            self.sums = other.sums.clone() if self.sums is None else self.sums + other.sums
 
     def as_tensor(self) -> torch.Tensor:
-        """``[4, k]`` float64 (for all-reduce)."""
-        return torch.tensor([self.loss_sum, self.loss_rows, self.correct, self.supervised], dtype=torch.float64)
+        """``[4, k]`` float64 on the device the sums live on (for all-reduce). Raises ValueError when empty."""
+        if self.sums is None:
+            raise ValueError("no TTT step has been added to these stats")
+        return self.sums
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> StepStats:
-        rows = t.tolist()
-        return cls(rows[0], rows[1], rows[2], rows[3])
+        return cls(t.to(torch.float64))
+
+    @classmethod
+    def of(cls, loss_sum: list[float], loss_rows: list[float], correct: list[float],
+           supervised: list[float]) -> StepStats:
+        """Stats from per-step lists (each of length k), on the host."""
+        return cls(torch.tensor([loss_sum, loss_rows, correct, supervised], dtype=torch.float64))
+
+    def _rows(self) -> list[list[float]]:
+        if self.sums is None:
+            return [[], [], [], []]
+        if getattr(self, "_host", None) is None or self._host[0] is not self.sums:
+            self._host = (self.sums, self.sums.tolist())  # one device read per state of the sums
+        return self._host[1]
+
+    @property
+    def loss_sum(self) -> list[float]:
+        return self._rows()[0]
+
+    @property
+    def loss_rows(self) -> list[float]:
+        return self._rows()[1]
+
+    @property
+    def correct(self) -> list[float]:
+        return self._rows()[2]
+
+    @property
+    def supervised(self) -> list[float]:
+        return self._rows()[3]
 
     @property
     def losses(self) -> list[float]:
@@ -181,7 +213,7 @@ def ttt_loss(
     hidden = model.fuse(aux_hidden)  # [B, T, H]
     caches = model.new_caches()
     total = hidden.new_zeros(())
-    stats = StepStats()
+    per_step: list[torch.Tensor] = []  # [4] per TTT step, on the device
     lmask = loss_mask.bool()
     head = _HeadGrads(k) if loss == "chunked" and torch.is_grad_enabled() else None
     for j in range(k):
@@ -206,12 +238,10 @@ def ttt_loss(
             params = head.params(model) if head is not None else []
             total = total + _ChunkedSoftCE.apply(step, normed, *params)
             ce_sum, correct = step.ce_sum, step.correct
-        stats.loss_sum.append(float(ce_sum.detach()))
-        stats.loss_rows.append(float(n_rows))
-        stats.correct.append(float(correct))
-        stats.supervised.append(float(supervised.sum()))
+        per_step.append(torch.stack([ce_sum.detach().double(), n_rows.double(), correct.double(),
+                                     supervised.sum().double()]))
         hidden = prenorm
-    return total, stats
+    return total, StepStats(torch.stack(per_step, dim=1))  # [4, k], no host read
 
 
 class _HeadGrads:
@@ -247,8 +277,9 @@ class _HeadGrads:
         if self.g is None:
             self.g = g
             grads, self.grads = self.grads, None
-            return [None if t is None else (t if bool(g == 1) else t * g) for t in grads]
-        if not torch.equal(g, self.g):
+            return [None if t is None else t * g for t in grads]  # no host read of g (a sync on a GPU)
+        # the sum's backward hands every term the same tensor, so only a foreign gradient is compared (a sync)
+        if g is not self.g and not torch.equal(g, self.g):
             raise RuntimeError("the chunked TTT loss's step terms can only be differentiated through their sum")
         return None
 
@@ -313,6 +344,6 @@ class _ChunkedSoftCE(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         step, (dx,) = ctx.step, ctx.saved_tensors
         pgrads = step.head.take(g)
-        dx = dx if bool(g == 1) else dx * g
+        dx = dx * g
         n_params = len(step.head.params(step.model))
         return (None, dx, *(pgrads if pgrads is not None else [None] * n_params))

@@ -94,9 +94,14 @@ def ttt_attention_blockwise(q: torch.Tensor, cache: LayerCache, block: int | Non
     """
     B, h, T, _ = q.shape
     block = block or block_size(B, h, T)
-    diag = [t for kv in cache[1:] for t in kv]  # k1, v1, ..., kj, vj
+    # one dtype for all: under autocast the steps' rotary tables follow their inputs' dtypes, so with the
+    # EAGLE-3.1 norms a step's q can be float32 while step 0's keys are bf16 (autocast's matmul hid that)
+    dt = q.dtype
+    for kv in cache:
+        dt = torch.promote_types(dt, torch.promote_types(kv[0].dtype, kv[1].dtype))
+    diag = [t.to(dt) for kv in cache[1:] for t in kv]  # k1, v1, ..., kj, vj
     with torch.autocast(q.device.type, enabled=False):  # dtypes are chosen inside (see module docstring)
-        return _BlockwiseTTT.apply(q, cache[0][0], cache[0][1], block, *diag)
+        return _BlockwiseTTT.apply(q.to(dt), cache[0][0].to(dt), cache[0][1].to(dt), block, *diag)
 
 
 ATTENTION = {"blockwise": ttt_attention_blockwise, "dense": ttt_attention_reference}

@@ -1,0 +1,105 @@
+"""Micro-batches read ahead of the training step: feature reads, the finiteness check and padding off its path.
+
+A micro-batch is a list of sample ids (:func:`draftsmith.drafter.data.make_batches`). :func:`host_batch` turns one
+into padded CPU tensors; :func:`read_ahead` yields them in order through torch's ``DataLoader``, whose worker
+processes read the next micro-batches' feature slices while the step runs (``train.loader_workers``; 0 = in this
+process, one at a time). On a GPU the tensors are pinned, so their copy to the device does not block the host.
+
+Only stored features are read by workers: streamed features come from a target model this process holds, so they
+are read in process whatever the setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from draftsmith.drafter.data import FeatureSource, TrainSamples, collate
+
+
+@dataclass
+class HostBatch:
+    """One micro-batch on the host.
+
+    ids: the micro-batch's sample ids. kept: those with finite features (the others are skipped and counted).
+    tensors: :func:`~draftsmith.drafter.data.collate` of the kept samples (``input_ids [B, T]``, ``loss_mask
+    [B, T]``, ``aux [B, T, 3H]``, ``final [B, T, H]``, ``lengths [B]``), or ``None`` when none was kept.
+    tokens: real (unpadded) tokens of the kept samples.
+    """
+
+    ids: list[str]
+    kept: list[str]
+    tensors: dict[str, torch.Tensor] | None
+    tokens: int
+
+    @property
+    def skipped(self) -> int:
+        return len(self.ids) - len(self.kept)
+
+    def pin_memory(self) -> HostBatch:
+        """Page-locked copies of the tensors (the ``DataLoader``'s ``pin_memory`` calls this)."""
+        if self.tensors is not None:
+            self.tensors = {k: v.pin_memory() for k, v in self.tensors.items()}
+        return self
+
+
+def host_batch(samples: TrainSamples, features: FeatureSource, ids: list[str]) -> HostBatch:
+    """Read and pad one micro-batch on the host; samples with NaN/Inf features are left out.
+
+    Raises:
+        DataError: a sample has no features, or features of another length (from :func:`collate`).
+    """
+    feats = features.get(ids)
+    keep = [j for j, (a, f) in enumerate(feats) if bool(torch.isfinite(a).all() and torch.isfinite(f).all())]
+    kept = [ids[j] for j in keep]
+    if not keep:
+        return HostBatch(list(ids), [], None, 0)
+    tensors = collate([samples.samples[ids[j]] for j in keep], [feats[j] for j in keep])
+    return HostBatch(list(ids), kept, tensors, int(tensors["lengths"].sum()))
+
+
+class _MicroBatches(Dataset):
+    """Micro-batch ``i`` of a fixed list, read by :func:`host_batch` (in a loader worker or in process)."""
+
+    def __init__(self, samples: TrainSamples, features: FeatureSource, batches: Sequence[list[str]]) -> None:
+        self.samples, self.features, self.batches = samples, features, list(batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> HostBatch:
+        return host_batch(self.samples, self.features, self.batches[i])
+
+
+def _one(items: list[HostBatch]) -> HostBatch:
+    return items[0]
+
+
+def _ignore_stop_signals(_worker_id: int) -> None:
+    # A Ctrl-C reaches the whole process group: the trainer finishes its step (which may still need read-ahead
+    # batches) and then ends the workers itself; torch's worker loop would otherwise exit on the SIGINT.
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def read_ahead(samples: TrainSamples, features: FeatureSource, batches: Sequence[list[str]], workers: int,
+               pin: bool = False, prefetch: int = 2) -> Iterator[HostBatch]:
+    """Yield :class:`HostBatch` for ``batches`` in order, read ``workers * prefetch`` micro-batches ahead.
+
+    ``workers`` 0 reads each when it is asked for. Stopping early (a signal, the last step) is safe: the loader's
+    workers end when the iterator is dropped.
+    """
+    if workers <= 0 or len(batches) <= 1:
+        for ids in batches:
+            yield host_batch(samples, features, ids)
+        return
+    loader = DataLoader(_MicroBatches(samples, features, batches), batch_size=1, shuffle=False,
+                        num_workers=min(workers, len(batches)), collate_fn=_one, pin_memory=pin,
+                        prefetch_factor=prefetch, persistent_workers=False,
+                        worker_init_fn=_ignore_stop_signals)
+    yield from loader
