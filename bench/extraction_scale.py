@@ -10,7 +10,7 @@ Prints tokens/s of both, the number of times the worker loaded the target (its "
 ``RATIO extraction_queue <queue tok/s / in-process tok/s>`` (goal >= 0.9) and ``TARGET_LOADS <n>`` (goal: 1, the
 number of extractor workers).
 
-    .venv/bin/python bench/extraction_scale.py [--shards 8 --shard-samples 4 --length 128]
+    .venv/bin/python bench/extraction_scale.py [--shards 16 --shard-samples 8 --length 512]
         [--backend vllm --tensor-parallel-size 8 --target /models/Kimi-K2.5]   (scripts/gpu-check.sh)
 
 Redis from ``DRAFTSMITH_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/14``; the database is flushed).
@@ -91,9 +91,9 @@ def through_queue(runs: Path, target: Path, redis_url: str, batch_tokens: int, t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--shard-samples", type=int, default=4)
-    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--shard-samples", type=int, default=8)
+    ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--batch-tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", choices=["hf", "vllm"], default="hf")
