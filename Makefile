@@ -140,6 +140,11 @@ bench: $(STAMP) redis ## The benchmarks that need only the venv (RATIO lines; re
 	@$(VENV)/bin/draftsmith target prepare > /dev/null
 	@set -e; for b in $(BENCH_VENV); do echo "== bench/$$b"; $(PY) bench/$$b; done
 
+.PHONY: peer-quick
+peer-quick: $(STAMP) ## bench/peer.py --quick: the peer comparison's harness in minutes (builds .peer-venv once)
+	@$(VENV)/bin/draftsmith target prepare > /dev/null
+	$(PY) bench/peer.py --quick
+
 # ruff's rules (pyproject.toml [tool.ruff.lint]) over every Python file of the repository; no formatter: the
 # code keeps its hand-laid line breaks (docs/testing.md)
 LINT_PATHS ?= shared tests bench scripts grafana
@@ -165,6 +170,8 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  extraction.py --vllm               the vllm backend vs vLLM's own prefill (two engines it starts)"
 	@echo "  extraction_scale.py                one resident extractor worker vs extract --sync (RATIO, TARGET_LOADS)"
 	@echo "  long_context.py [--length 8192]    build-data, extract and train on long joined conversations"
+	@echo "  peer.py --run R                    draftsmith's drafter vs speculators' on a run's data, in vLLM (~hours)"
+	@echo "  peer_speculators.py --run R        only the peer's side: its data and training (used by peer.py)"
 	@echo "  scripts/gpu-check.sh               the GPU host's one prepared run of the above (not a bench/ file)"
 
 .PHONY: clean

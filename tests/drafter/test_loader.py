@@ -50,3 +50,15 @@ def test_a_ctrl_c_reaching_the_workers_loses_no_batch(run_factory):
     rest = list(reader)  # torch's worker loop would have exited on the SIGINT, failing this read
     assert [first.ids] + [h.ids for h in rest] == batches
     assert all(not w.is_running() or w.status() == psutil.STATUS_ZOMBIE for w in workers)  # ended with the reader
+
+
+def test_workers_only_where_shared_memory_holds_their_batches(tmp_path, caplog):
+    import shutil
+
+    from draftsmith.drafter.loader import shared_memory_workers
+
+    free = shutil.disk_usage(tmp_path).free
+    assert shared_memory_workers(2, free // 20, shm=str(tmp_path)) == 2  # 5 batches in half the free space
+    assert shared_memory_workers(2, free // 4, shm=str(tmp_path)) == 0  # a container's 64 MB /dev/shm, in kind
+    assert "shm_size" in caplog.text and "train.loader_workers: 0" in caplog.text
+    assert shared_memory_workers(0, 1, shm=str(tmp_path)) == 0

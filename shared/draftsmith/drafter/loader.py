@@ -87,6 +87,31 @@ def _ignore_stop_signals(_worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def shared_memory_workers(workers: int, batch_bytes: int, prefetch: int = 2, shm: str = "/dev/shm") -> int:
+    """How many of ``workers`` loader workers fit: their batches travel through shared memory (``/dev/shm``), and
+    a container's is 64 MB unless it is given more (Docker's and podman's default), where a worker would fail
+    mid-run with a bus error. Returns ``workers`` when ``workers * prefetch + 1`` micro-batches of ``batch_bytes``
+    fill at most half of the free shared memory, else 0 (read in process), with a warning saying how to fix it."""
+    import shutil
+
+    if workers <= 0:
+        return 0
+    try:
+        free = shutil.disk_usage(shm).free
+    except OSError:
+        free = 0
+    need = (workers * prefetch + 1) * batch_bytes
+    if need <= free // 2:
+        return workers
+    from draftsmith.log import get_logger
+
+    get_logger(__name__).warning(
+        "features read in the training process, not ahead: %d loader worker(s) need ~%.0f MB of shared memory "
+        "and %s has %.0f MB free; give the container more (compose: shm_size, docker run --shm-size) or set "
+        "train.loader_workers: 0", workers, need / 1e6, shm, free / 1e6)
+    return 0
+
+
 def read_ahead(samples: TrainSamples, features: FeatureSource, batches: Sequence[list[str]], workers: int,
                pin: bool = False, prefetch: int = 2) -> Iterator[HostBatch]:
     """Yield :class:`HostBatch` for ``batches`` in order, read ``workers * prefetch`` micro-batches ahead.

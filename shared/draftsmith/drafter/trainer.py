@@ -39,7 +39,7 @@ from draftsmith.drafter.checkpoint import (
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
-from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead
+from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_memory_workers
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.ttt import StepStats, draft_rows, target_view, ttt_loss
 from draftsmith.drafter.ttt_attention import set_ttt_attention
@@ -367,6 +367,9 @@ class Trainer:
         """:func:`read_ahead` over this rank's next micro-batches (stored features only: a streamed source holds
         the target model in this process)."""
         workers = self.tc.loader_workers if isinstance(self.features, OfflineFeatures) else 0
+        if workers and not hasattr(self, "_workers_fit"):  # float32 aux [T, 3H] + final [T, H] per padded token
+            self._workers_fit = shared_memory_workers(workers, self.tc.batch_tokens * 4 * 4 * self.features.hidden_size)
+        workers = min(workers, getattr(self, "_workers_fit", workers))
         return read_ahead(self.samples, self.features, batches, workers, pin=self.dist.device.type == "cuda")
 
     def _in_vocab(self, ids: list[str], b: dict[str, torch.Tensor]) -> torch.Tensor:

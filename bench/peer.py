@@ -1,0 +1,260 @@
+"""draftsmith's drafter against the peer trainer's (speculators), trained on the same data and measured in vLLM.
+
+Both sides get the same samples (a draftsmith run's ``data/``: token ids and loss masks of the regenerated
+conversations), the same drafter shape (one decoder layer), the same TTT depth, the same draft vocabulary size and
+the same number of epochs. draftsmith trains with its demo recipe (``draftsmith.demo.RECIPE``, the learning rate of
+the demo size the data come from) on its stored features; speculators trains with its own defaults in its own
+virtualenv (``scripts/peer-venv.sh``; the CPU patches are listed there), on hidden states made for it by
+``bench/peer_speculators.py`` (the same aux layers, the last layer before the final norm, the same d2t/t2d), in
+packs of 1,024 tokens, on every sample but one (its trainer always keeps its last rows for validation). Each drafter is then served by vLLM CPU beside the embedded target (K speculative
+tokens, temperature 0) and answers the same prompts of every bundled set one at a time, so that vLLM's counters
+give each prompt's drafts and accepted tokens.
+
+Prints per side: mean acceptance length overall and per set, training wall time; then
+``RATIO peer_acceptance <draftsmith / speculators>`` (the ratio of the overall mean acceptance lengths) and
+``INTERVAL peer_acceptance <low> <high>``: a 95 % paired bootstrap over prompts (``scipy.stats.bootstrap``).
+
+    .venv/bin/python bench/peer.py --run runs/demo [--epochs 2 --limit 40 --max-tokens 128]
+    .venv/bin/python bench/peer.py --quick          (make peer-quick: minutes, small and noisy; the harness check)
+
+``--quick`` builds its own small run: GSM8K train questions with their reference answers (the dataset's, not the
+target's: ``data/prompts/gsm8k_train.jsonl``, MIT licence) through ``build-data`` and ``extract``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+RECORD_SCHEMA = "draftsmith.record/1"
+SETS = ("mt_bench", "gsm8k", "humaneval", "alpaca")
+
+
+@dataclass
+class PromptCounts:
+    """vLLM's speculative counters over one prompt's turns: ``drafts`` (draft proposals, one per verify step) and
+    ``accepted`` (draft tokens the target accepted)."""
+
+    set: str
+    id: str
+    drafts: float
+    accepted: float
+
+
+@dataclass
+class Side:
+    """One drafter's training time and per-prompt counts."""
+
+    name: str
+    drafter: Path
+    train_s: float
+    prompts: list[PromptCounts] = field(default_factory=list)
+
+
+def acceptance_length(prompts: list[PromptCounts]) -> float:
+    """Mean acceptance length as vLLM reports it: ``1 + accepted / drafts`` over all the prompts (the bonus token
+    included). Raises ValueError when nothing was drafted."""
+    drafts = sum(p.drafts for p in prompts)
+    if drafts <= 0:
+        raise ValueError("no draft was proposed: was the drafter loaded?")
+    return 1.0 + sum(p.accepted for p in prompts) / drafts
+
+
+def paired_ratio(ours: list[PromptCounts], peer: list[PromptCounts], resamples: int = 4000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """``acceptance_length(ours) / acceptance_length(peer)`` and its 95 % interval from a paired bootstrap over
+    prompts (both sides resampled with the same prompt indices; percentile method).
+
+    Raises:
+        ValueError: the two sides answered different prompts.
+    """
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    if [(p.set, p.id) for p in ours] != [(p.set, p.id) for p in peer]:
+        raise ValueError("the two drafters were measured on different prompts")
+    cols = [np.array([getattr(p, f) for p in side]) for side in (ours, peer) for f in ("accepted", "drafts")]
+
+    def ratio(oa, od, pa, pd, axis=-1):
+        return (1 + oa.sum(axis) / od.sum(axis)) / (1 + pa.sum(axis) / pd.sum(axis))
+
+    point = float(ratio(*cols))
+    res = bootstrap(cols, ratio, paired=True, vectorized=True, n_resamples=resamples, confidence_level=0.95,
+                    method="percentile", rng=np.random.default_rng(seed))
+    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _cli(args: list[str], env: dict[str, str], log: Path) -> None:
+    """``draftsmith <args>`` with its output in ``log``. Raises SystemExit with the log's tail on failure."""
+    with log.open("a") as f:
+        p = subprocess.run([sys.executable, "-m", "draftsmith", *args], env=env, stdout=f, stderr=subprocess.STDOUT,
+                           timeout=4 * 3600)
+    if p.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise SystemExit(f"draftsmith {' '.join(args)} failed ({p.returncode}); log {log}:\n{tail}")
+
+
+def quick_run(runs: Path, target: Path, samples: int, env: dict[str, str], logs: Path) -> Path:
+    """A small run of GSM8K reference conversations: records, ``build-data``, ``extract --sync``; its folder."""
+    from draftsmith.generation.store import write_shard
+
+    rows = [json.loads(x) for x in (REPO / "data" / "prompts" / "gsm8k_train.jsonl").read_text().splitlines()]
+    recs = []
+    for k, r in enumerate(rows[:samples]):
+        recs.append({"schema": RECORD_SCHEMA, "id": f"q{k:04d}", "status": "ok", "error": None, "model": target.name,
+                     "messages": [{"role": "user", "content": r["question"]},
+                                  {"role": "assistant", "content": r["answer"], "reasoning": None}],
+                     "turns": [{"finish_reason": "stop", "usage": {}, "token_ids": None, "prompt_token_ids": None,
+                                "reasoning_field": None, "latency_s": 0.0}],
+                     "sampling": {"temperature": 0.0}})
+    write_shard(runs / "quick" / "records", "quick", recs)
+    _cli(["build-data", "--run", "quick"], env, logs / "build-data.log")
+    _cli(["extract", "--run", "quick", "--sync"], env, logs / "extract.log")
+    return runs / "quick"
+
+
+def train_ours(run: Path, work: Path, env: dict[str, str], a, logs: Path) -> Side:
+    """draftsmith's drafter on ``run``'s data and features (linked, not copied), exported in the eagle3 layout."""
+    from draftsmith.demo import RECIPE
+
+    mine = work / "runs" / "ours"
+    mine.mkdir(parents=True)
+    for part in ("data", "features"):
+        (mine / part).symlink_to((run / part).resolve())
+    train = {**RECIPE, "ttt_steps": a.ttt_steps, "epochs": a.epochs, "lr": a.lr, "eval_fraction": 0.0,
+             "draft_vocab_size": a.vocab, "batch_tokens": 4096, "num_layers": 1, "log_every": 20,
+             "save_every": 100000, "eval_every": 100000}
+    env = {**env, "DRAFTSMITH_RUNS_DIR": str(work / "runs"),
+           **{f"DRAFTSMITH_TRAIN__{k.upper()}": json.dumps(v) if not isinstance(v, str) else v
+              for k, v in train.items()}}
+    t0 = time.perf_counter()
+    _cli(["train", "--run", "ours"], env, logs / "train-draftsmith.log")
+    train_s = time.perf_counter() - t0
+    _cli(["export", "--run", "ours", "--format", "eagle3"], env, logs / "export-draftsmith.log")
+    return Side("draftsmith", mine / "export" / "eagle3", train_s)
+
+
+def train_peer(run: Path, target: Path, work: Path, a) -> Side:
+    """speculators' drafter on the same samples (``bench/peer_speculators.py``, in ``.peer-venv``)."""
+    import peer_speculators as ps
+
+    data = work / "peer-data"
+    t0 = time.perf_counter()
+    made = ps.write_peer_data(run, target, data)
+    print(f"peer data: {made}", flush=True)
+    # packs of 1,024 tokens (or the longest sample), as its CLI sizes them: its 8,192-token default trains ~4x
+    # slower on a CPU; every row but the last trains (speculators always validates on its last rows)
+    out = ps.train_peer(data, target, work / "peer-out", epochs=a.epochs, draft_vocab_size=a.vocab,
+                        ttt_steps=a.ttt_steps, total_seq_len=max(1024, made["max_seq_len"]),
+                        train_samples=made["samples"] - 1, extra=list(a.peer_arg))
+    print(f"peer training log: {out['log']} (data and training {time.perf_counter() - t0:.0f} s)", flush=True)
+    return Side("speculators", Path(out["drafter"]), float(out["wall_s"]))
+
+
+def measure(side: Side, target: Path, sets, a, logs: Path) -> None:
+    """Serve ``side``'s drafter in vLLM CPU and answer every prompt alone, reading the counters around it."""
+    from draftsmith.config import load_settings
+    from draftsmith.evaluation.runner import VLLMClient
+    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
+
+    s = load_settings()
+    spec = VLLMServerSpec(model=target, served_name=target.name, port=free_port(), dtype=s.target.dtype,
+                          max_model_len=2048, kv_cache_gib=2, enforce_eager=a.eager, max_num_seqs=1,
+                          speculative={"method": "eagle3", "model": str(side.drafter),
+                                       "num_speculative_tokens": a.k})
+    with VLLMServer(spec, logs / f"vllm-{side.name}.log").start(timeout_s=1800) as server:
+        client = VLLMClient(server.url, target.name)
+        for es in sets:
+            for p in es.prompts:
+                before = client.counters()
+                messages: list[dict[str, str]] = []
+                for user in p.turns:
+                    messages.append({"role": "user", "content": user})
+                    t = client.generate(messages, a.max_tokens, 0.0)
+                    messages.append({"role": "assistant", "content": t.text})
+                d = client.counters() - before
+                side.prompts.append(PromptCounts(es.name, p.id, d.drafts, d.accepted))
+
+
+def report(sides: list[Side]) -> None:
+    """The per-side lines, then RATIO and INTERVAL (draftsmith over speculators)."""
+    for sd in sides:
+        per_set = {n: acceptance_length([p for p in sd.prompts if p.set == n])
+                   for n in dict.fromkeys(p.set for p in sd.prompts)}
+        sets = " ".join(f"{n} {v:.3f}" for n, v in per_set.items())
+        print(f"{sd.name}: acceptance length {acceptance_length(sd.prompts):.3f} ({sets}); "
+              f"training {sd.train_s:.0f} s; drafter {sd.drafter}")
+    ratio, low, high = paired_ratio(sides[0].prompts, sides[1].prompts)
+    print(f"RATIO peer_acceptance {ratio:.3f}")
+    print(f"INTERVAL peer_acceptance {low:.3f} {high:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", type=Path, help="a draftsmith run folder with data/ and features/ (e.g. runs/demo)")
+    ap.add_argument("--quick", action="store_true", help="small, noisy, minutes: builds its own run")
+    ap.add_argument("--epochs", type=int)
+    ap.add_argument("--limit", type=int, help="prompts per bundled set (default 40; --quick 3)")
+    ap.add_argument("--max-tokens", type=int, help="new tokens per answer (default 128; --quick 32)")
+    ap.add_argument("--k", type=int, default=3, help="speculative tokens per step")
+    ap.add_argument("--ttt-steps", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-3, help="draftsmith's peak lr (the default demo's)")
+    ap.add_argument("--eager", action="store_true", help="vLLM without compilation (starts faster)")
+    ap.add_argument("--peer-arg", action="append", default=[], help="extra speculators train flag (repeatable)")
+    ap.add_argument("--keep", type=Path, help="keep the work folder here (drafters, logs)")
+    a = ap.parse_args()
+    if not a.run and not a.quick:
+        ap.error("give --run RUN_DIR (a run with data/ and features/) or --quick")
+    a.epochs = a.epochs or (1 if a.quick else 2)
+    a.limit = a.limit or (3 if a.quick else 40)
+    a.max_tokens = a.max_tokens or (32 if a.quick else 128)
+    a.eager = a.eager or a.quick
+
+    from draftsmith.config import load_settings
+    from draftsmith.evaluation.sets import load_set
+    from draftsmith.target.embedded import embedded_dir
+
+    # the peer's own virtualenv, built once by the repository's script (a no-op when it is there)
+    subprocess.run(["bash", str(REPO / "scripts" / "peer-venv.sh")], check=True)
+    target = embedded_dir(load_settings().target.cache_dir)
+    work = a.keep or Path(tempfile.mkdtemp(prefix="bench-peer-"))
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DRAFTSMITH_TARGET__PATH": str(target)}
+    try:
+        if a.quick:
+            qenv = {**env, "DRAFTSMITH_RUNS_DIR": str(work / "quick-runs"), "DRAFTSMITH_DATA__DRAFT_VOCAB_SIZE": "1024",
+                    "DRAFTSMITH_DATA__MAX_LENGTH": "512"}
+            run = quick_run(work / "quick-runs", target, 48, qenv, logs)
+        else:
+            run = a.run.resolve()
+        vocabs = sorted(int(p.stem.split("-")[1]) for p in (run / "data" / "vocab").glob("draft-*.safetensors"))
+        if not vocabs:
+            raise SystemExit(f"{run}/data/vocab has no draft vocabulary: run `draftsmith build-data` first")
+        a.vocab = vocabs[-1]
+        sets = [load_set(n, limit=a.limit) for n in SETS]
+        print(f"data: {run}; draft vocabulary {a.vocab}; {a.epochs} epoch(s); TTT depth {a.ttt_steps}; "
+              f"{a.limit} prompts per set, {a.max_tokens} tokens, K {a.k}", flush=True)
+        ours = train_ours(run, work, env, a, logs)
+        peer = train_peer(run, target, work, a)
+        for sd in (ours, peer):
+            measure(sd, target, sets, a, logs)
+        report([ours, peer])
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The peer comparison's harness end to end, at its quick size, so that it cannot rot: ``bench/peer.py --quick``
+builds the peer's virtualenv with the repository's script (speculators 0.9.0 patched for CPU), makes a small run
+(48 GSM8K reference conversations through build-data and extract), trains draftsmith's drafter and speculators'
+on it, serves each beside the real SmolLM2 target in vLLM CPU and prints the paired ratio. Real processes
+throughout; the figures are noisy at this size, so only their presence and sanity are asserted."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+def test_peer_quick_prints_both_sides_the_ratio_and_its_interval(tmp_path, embedded_target):
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "peer.py"), "--quick", "--keep", str(tmp_path / "w")],
+                       capture_output=True, text=True, timeout=1500, cwd=REPO)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    sides = dict(re.findall(r"^(draftsmith|speculators): acceptance length ([\d.]+)", p.stdout, re.M))
+    assert sides.keys() == {"draftsmith", "speculators"}, p.stdout[-3000:]
+    assert all(1.0 < float(v) < 4.0 for v in sides.values())  # each drafter was loaded and drafted something
+    ratio = float(re.search(r"^RATIO peer_acceptance ([\d.]+)$", p.stdout, re.M).group(1))
+    low, high = map(float, re.search(r"^INTERVAL peer_acceptance ([\d.]+) ([\d.]+)$", p.stdout, re.M).groups())
+    assert low <= ratio <= high and ratio == pytest.approx(float(sides["draftsmith"]) / float(sides["speculators"]),
+                                                           abs=2e-3)
+    # the peer's drafter fits the target as `draftsmith eval` checks it: speculators' layout, the run's vocabulary
+    from draftsmith.evaluation.checks import check_drafter_fits
+
+    info = check_drafter_fits(embedded_target, tmp_path / "w" / "peer-out" / "checkpoints" / "0")
+    assert info.layout == "speculators" and info.draft_vocab_size == 1024
