@@ -412,3 +412,20 @@ def test_trainer_command_parses_under_torchrun(services):
     assert "-e DRAFTSMITH_RUN=$(RUN)" in makefile
     with pytest.raises(SystemExit):  # what the old command did
         _torchrun_args(["--standalone", "--nproc_per_node", "1", "-m", "draftsmith", "train", "--run", "x"])
+
+
+def test_engine_images_are_release_tags_not_latest():
+    """A tag that moves would change the engine under a finished run: every image (compose's defaults and
+    .env.example) names a release."""
+    import yaml
+
+    raw = yaml.safe_load(COMPOSE.read_text())
+    images = [svc["image"] for svc in raw["services"].values() if "image" in svc]
+    env = [line.split("=", 1)[1] for line in (REPO / ".env.example").read_text().splitlines()
+           if line.split("=", 1)[0].endswith("_IMAGE") and not line.startswith("DRAFTSMITH_IMAGE=")]
+    # the engines' and services' images: ${NAME_IMAGE:-default} (the project's own image is built here)
+    defaults = [m.group(1) for i in images if (m := re.fullmatch(r"\$\{\w+_IMAGE:-([^}]+)\}", i))]
+    assert len(defaults) >= 6
+    assert "lmsysorg/sglang:v0.5.19-cu129" in defaults and "lmsysorg/sglang:v0.5.19-cu129" in env
+    for image in defaults + env:
+        assert ":" in image and not image.endswith(":latest"), image
