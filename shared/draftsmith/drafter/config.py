@@ -15,12 +15,6 @@ from typing import Any
 
 from draftsmith.errors import ModelError
 
-# Fields an engine reads from the drafter's config; every one is copied from the target.
-COPIED_FIELDS = (
-    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "rms_norm_eps", "max_position_embeddings", "hidden_act", "vocab_size", "attention_bias", "mlp_bias",
-)
-
 
 def vllm_layer_ids(layer_ids: list[int]) -> list[int]:
     """vLLM's ``eagle_aux_hidden_state_layer_ids`` for our ``layer_ids`` (``i + 1``)."""

@@ -222,19 +222,3 @@ def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None =
         status_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(f, json.dumps(snap, indent=1))
     return snap
-
-
-def load_feature_shard(features_dir: Path, entry: dict, verify: bool = False) -> dict[str, torch.Tensor]:
-    """Read one feature shard (``aux_hidden``, ``final_hidden``, ``offsets``) listed in the manifest.
-
-    Raises:
-        DataError: the file is missing or (with ``verify``) its sha256 differs from the manifest's.
-    """
-    from safetensors.torch import load_file
-
-    f = Path(features_dir) / entry["file"]
-    if not f.is_file():
-        raise DataError(f"feature shard {f} is missing", "run `draftsmith extract` again (it resumes)")
-    if verify and sha256_file(f) != entry["sha256"]:
-        raise DataError(f"feature shard {f} does not match its manifest sha256", f"delete {f} and extract again")
-    return load_file(str(f))
