@@ -135,6 +135,12 @@ def train_ours(run: Path, work: Path, env: dict[str, str], a, logs: Path) -> Sid
     train = {**RECIPE, "ttt_steps": a.ttt_steps, "epochs": a.epochs, "lr": a.lr, "eval_fraction": 0.0,
              "draft_vocab_size": a.vocab, "batch_tokens": 4096, "num_layers": 1, "log_every": 20,
              "save_every": 100000, "eval_every": 100000}
+    for kv in a.ours:  # a variant of the recipe: train.KEY=VALUE (JSON values; plain strings as they are)
+        key, _, value = kv.partition("=")
+        try:
+            train[key] = json.loads(value)
+        except json.JSONDecodeError:
+            train[key] = value
     env = {**env, "DRAFTSMITH_RUNS_DIR": str(work / "runs"),
            **{f"DRAFTSMITH_TRAIN__{k.upper()}": json.dumps(v) if not isinstance(v, str) else v
               for k, v in train.items()}}
@@ -187,6 +193,18 @@ def measure(side: Side, target: Path, sets, a, logs: Path) -> None:
                 side.prompts.append(PromptCounts(es.name, p.id, d.drafts, d.accepted))
 
 
+def save_peer(side: Side, path: Path) -> None:
+    """Write the peer side (drafter, training seconds, per-prompt counts) for a later ``--peer-from``."""
+    path.write_text(json.dumps({"drafter": str(side.drafter), "train_s": side.train_s,
+                                "prompts": [vars(p) for p in side.prompts]}))
+
+
+def peer_from(path: Path) -> Side:
+    """The peer side a kept run of this bench measured (``--keep DIR`` writes ``DIR/peer.json``)."""
+    d = json.loads(path.read_text())
+    return Side("speculators", Path(d["drafter"]), float(d["train_s"]), [PromptCounts(**p) for p in d["prompts"]])
+
+
 def report(sides: list[Side]) -> None:
     """The per-side lines, then RATIO and INTERVAL (draftsmith over speculators)."""
     for sd in sides:
@@ -212,7 +230,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3, help="draftsmith's peak lr (the default demo's)")
     ap.add_argument("--eager", action="store_true", help="vLLM without compilation (starts faster)")
     ap.add_argument("--peer-arg", action="append", default=[], help="extra speculators train flag (repeatable)")
-    ap.add_argument("--keep", type=Path, help="keep the work folder here (drafters, logs)")
+    ap.add_argument("--keep", type=Path, help="keep the work folder here (drafters, logs, peer.json)")
+    ap.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE",
+                    help="a draftsmith recipe variant: train.KEY=VALUE (repeatable), e.g. norm_output=true")
+    ap.add_argument("--peer-from", type=Path, metavar="DIR",
+                    help="reuse the peer measured by an earlier --keep DIR run (same run, epochs and prompts)")
     a = ap.parse_args()
     if not a.run and not a.quick:
         ap.error("give --run RUN_DIR (a run with data/ and features/) or --quick")
@@ -247,9 +269,13 @@ def main() -> None:
         print(f"data: {run}; draft vocabulary {a.vocab}; {a.epochs} epoch(s); TTT depth {a.ttt_steps}; "
               f"{a.limit} prompts per set, {a.max_tokens} tokens, K {a.k}", flush=True)
         ours = train_ours(run, work, env, a, logs)
-        peer = train_peer(run, target, work, a)
-        for sd in (ours, peer):
-            measure(sd, target, sets, a, logs)
+        measure(ours, target, sets, a, logs)
+        if a.peer_from:  # the peer as measured before on the same run, settings and prompts
+            peer = peer_from(a.peer_from / "peer.json")
+        else:
+            peer = train_peer(run, target, work, a)
+            measure(peer, target, sets, a, logs)
+        save_peer(peer, work / "peer.json")
         report([ours, peer])
     finally:
         if not a.keep:

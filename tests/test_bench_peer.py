@@ -45,3 +45,10 @@ def test_paired_ratio_and_its_interval(peer):
     assert peer.paired_ratio(ours, peer_side) == (ratio, low, high)  # seeded: the same interval every time
     with pytest.raises(ValueError, match="different prompts"):
         peer.paired_ratio(ours[:-1], peer_side[1:])
+
+
+def test_a_kept_peer_side_is_read_back_as_measured(peer, tmp_path):
+    side = peer.Side("speculators", tmp_path / "d", 92.0, _counts(peer, [(40, 17), (12, 3)]))
+    peer.save_peer(side, tmp_path / "peer.json")
+    back = peer.peer_from(tmp_path / "peer.json")
+    assert back == side and peer.acceptance_length(back.prompts) == pytest.approx(1 + 20 / 52)
