@@ -128,7 +128,7 @@ test-fast: $(STAMP) redis ## Tests that need no vLLM server and train nothing
 	$(VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 .PHONY: demo
-demo: $(STAMP) redis ## The main job end to end on the embedded default (DEMO_SIZE=small|default|mla, FRESH=1)
+demo: $(STAMP) redis ## The main job end to end on the embedded default (DEMO_SIZE=small|default|mla|kimi, FRESH=1)
 	$(VENV)/bin/draftsmith demo --run $(RUN) --size $(DEMO_SIZE) $(if $(FRESH),--fresh,)
 
 # Benchmarks that need only the venv, the embedded target and Redis, at sizes of a few minutes each. The others

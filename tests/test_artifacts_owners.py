@@ -1,4 +1,4 @@
-"""Each hand-off between stages has one owner (issue 16): the schema tags and the hand-off file names of the
+"""Each hand-off between stages has one owner: the schema tags and the hand-off file names of the
 package are spelled in :mod:`draftsmith.artifacts` only.
 
 The check reads the package source (``shared/draftsmith/**/*.py``). Schema tags are searched as quoted literals

@@ -1,4 +1,4 @@
-"""Flags that mirror a setting are declared once, in the schema (issue 16): help and default come from the field."""
+"""Flags that mirror a setting are declared once, in the schema: help and default come from the field."""
 
 from __future__ import annotations
 

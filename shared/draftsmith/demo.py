@@ -25,10 +25,11 @@ import yaml
 
 from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
 from draftsmith.artifacts.report import read_report
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.config import Settings
 from draftsmith.errors import DraftsmithError
 from draftsmith.log import get_logger
-from draftsmith.paths import RunPaths, atomic_write_text
+from draftsmith.paths import RunPaths
 
 log = get_logger(__name__)
 
@@ -44,7 +45,8 @@ class DemoSize:
     # set one fewer: on 2 cores the extra process took CPU from the server and gave no throughput (4 vs 5 processes
     # for 64 / 16: 456 and 470 vs 446 and 406 out tok/s, docs/benchmarks.md)
     workers: int | None = None
-    target: str = "embedded"  # embedded (SmolLM2) | tiny-mla (draftsmith.target.tiny_mla, docs/mla.md)
+    # embedded (SmolLM2) | tiny-mla (draftsmith.target.tiny_mla, docs/mla.md) | tiny-kimi (draftsmith.target.tiny_kimi)
+    target: str = "embedded"
     # where the CPU computes bf16 natively (draftsmith.precision: each stage 1.6-4.0x faster, bench/precision.py),
     # the same budget buys more data: these pools and per-section config keys replace the ones above
     native_bf16: dict[str, Any] | None = None
@@ -133,6 +135,29 @@ SIZES: dict[str, DemoSize] = {
         },
         workers=2,
         target="tiny-mla",
+    ),
+    # the seed's own checkpoint layout: a tiny Kimi-K2.5 (multimodal wrapper, language_model.* weights, its own
+    # tiktoken tokenizer code) through every stage with the flags `draftsmith target flags` derives for it
+    # (docs/targets.md); text prompts only, so vLLM serves its language model alone
+    "kimi": DemoSize(
+        name="kimi",
+        pools={"gsm8k_train.jsonl": 32},
+        config={
+            "target": {"enforce_eager": True, "max_model_len": 1024, "kv_cache_gib": 1, "dtype": "float32",
+                       "trust_remote_code": True,
+                       "extra_args": ["--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2",
+                                      "--mm-encoder-tp-mode", "data", "--language-model-only"]},
+            "extract": {"compute_dtype": "float32"},
+            "generation": {"max_tokens": 256, "batch_size": 16, "concurrency": 32},
+            "data": {"max_length": 512, "draft_vocab_size": 1024, "require_reasoning": True,
+                     "truncated_answers": "drop", "max_drop_rate": 0.5},
+            "train": {"draft_vocab_size": 1024, "epochs": 6, "lr": 2e-3, "batch_size": 8, "batch_tokens": 4096,
+                      "precision": "fp32",
+                      "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
+            "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},
+        },
+        workers=2,
+        target="tiny-kimi",
     ),
 }
 
@@ -262,15 +287,17 @@ class Demo:
 
     # ---- stages
     def target_dir(self) -> Path:
-        """The demo's target checkpoint folder (the embedded SmolLM2, or the tiny MLA target)."""
+        """The demo's target checkpoint folder (the embedded SmolLM2, the tiny MLA or the tiny Kimi-K2.5 target)."""
         from draftsmith.target.embedded import embedded_dir
+        from draftsmith.target.tiny_kimi import tiny_kimi_dir
         from draftsmith.target.tiny_mla import tiny_mla_dir
 
-        cache = self.s.target.cache_dir
-        return tiny_mla_dir(cache) if self.size.target == "tiny-mla" else embedded_dir(cache)
+        dirs = {"tiny-mla": tiny_mla_dir, "tiny-kimi": tiny_kimi_dir, "embedded": embedded_dir}
+        return dirs[self.size.target](self.s.target.cache_dir)
 
     def stage_prepare(self) -> None:
-        self.run_cmd("prepare", ["target", "make-tiny-mla" if self.size.target == "tiny-mla" else "prepare"])
+        cmd = {"tiny-mla": "make-tiny-mla", "tiny-kimi": "make-tiny-kimi", "embedded": "prepare"}[self.size.target]
+        self.run_cmd("prepare", ["target", cmd])
 
     def start_server(self) -> None:
         from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,31 +156,3 @@ class RunPaths:
         self.root.mkdir(parents=True, exist_ok=True)
         for f in folders:
             Path(f).mkdir(parents=True, exist_ok=True)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary name and ``os.replace``: readers never see half a file.
-
-    The temporary file (``.<name>.tmp-<pid>``) is removed when the write fails (a full disk), so a failure leaves
-    nothing behind; ``path`` keeps its previous content.
-
-    Raises:
-        OSError: the write failed (ENOSPC on a full disk); nothing partial is visible.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Text variant of :func:`atomic_write_bytes` (UTF-8)."""
-    atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,4 +1,4 @@
-"""Issue 12 §4-§5 in the data stage: partial records keep their answered turns, a turn cut inside its reasoning
+"""Partial records in the data stage: partial records keep their answered turns, a turn cut inside its reasoning
 supervises exactly what was generated (or is dropped under its own reason), reasoning left inline in the content is
 rendered as the server rendered it, and the prompt side is checked against the server's ``prompt_token_ids``.
 
@@ -195,3 +195,27 @@ def test_prompt_ids_of_the_real_server_are_checked(tmp_path, embedded_target):
     n = len(good["turns"][0]["prompt_token_ids"])
     assert t["input_ids"][:n].tolist() == good["turns"][0]["prompt_token_ids"]
     assert t["input_ids"][n : n + 8].tolist() == good["turns"][0]["token_ids"]
+
+
+# ---- a reasoning parser that dropped generated text -----------------------------------------------------------
+def test_a_turn_whose_parser_dropped_a_token_is_read_again_from_its_ids(tmp_path):
+    """vLLM's kimi_k2 parser consumes a ``</think>`` generated after the reasoning ended: the record's answer lacks
+    a token the target generated. build-data reads such a turn again from its ids (and says so) instead of dropping
+    it as not token-exact: the ids are what the target generated."""
+    r = _renderer("kimi")
+    gen = _ids(r, f"<think>{R}</think>It is 5.</think>{A}<|im_end|>")  # what the target generated
+    parsed = make_record("k1", [(Q, f"It is 5.{A}", R, gen)], model="kimi")  # the parser's text: no second </think>
+    write_records(tmp_path / "records", [parsed])
+    res = build_data(tmp_path / "records", tmp_path / "data", TEMPLATES / "kimi", DataConfig(), "kimi")
+    st = res.stats
+    assert st["samples"] == 1 and st["flagged"].get("reparsed_from_ids") == 1
+    assert st["turns_checked"] == 1 and st["turns_mismatched"] == 0 and st["dropped"] == 0
+    from safetensors.torch import load_file
+
+    t = load_file(str(tmp_path / "data" / res.manifest["shards"][0]["file"]))
+    ids, mask = t["input_ids"].tolist(), t["loss_mask"].tolist()
+    assert [i for i, m in zip(ids, mask, strict=True) if m] == gen  # exactly what was generated
+    # without the repair, the same record is not token-exact
+    write_records(tmp_path / "one", [parsed])
+    rec = json.loads((tmp_path / "one" / "job.jsonl").read_text())
+    assert any(validate_sample(s, r.tok) for s in r.render(rec))

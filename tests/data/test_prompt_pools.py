@@ -1,4 +1,4 @@
-"""The bundled prompt pools (issue 11's data mix): every row of every pool is a usable prompt, the two pools built by
+"""The bundled prompt pools (the demo's data mix): every row of every pool is a usable prompt, the two pools built by
 ``scripts/make_prompt_pools.py`` are what the script builds, and no training pool holds an eval set's prompt."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Recipe keys of issue 11: each one changes what it says (fc_norm, feature_noise, loss_rows, norm_init)."""
+"""Recipe keys: each one changes what it says (fc_norm, feature_noise, loss_rows, norm_init)."""
 
 from __future__ import annotations
 

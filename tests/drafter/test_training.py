@@ -134,7 +134,7 @@ class _StoredWithOneNaN:
 
 
 def test_a_sample_skipped_by_extraction_is_left_out_and_counted(run_factory):
-    """Issue 12 §4: extraction skips and records one NaN sample; training used to refuse the whole run
+    """Extraction skips and records one NaN sample; training used to refuse the whole run
     ("has no features ... re-run extract") while extract had nothing left to do."""
     from draftsmith.drafter.data import OfflineFeatures
     from draftsmith.features.jobs import extract_shard

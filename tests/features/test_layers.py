@@ -36,7 +36,7 @@ def test_final_norm_found_by_name_in_plain_and_wrapped_checkpoints(tmp_path):
     import json
 
     import torch
-    from draftsmith.features.vllm_backend import final_norm_key, load_final_norm
+    from draftsmith.target.checkpoint import final_norm_key, load_final_norm
     from safetensors.torch import save_file
 
     plain = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.norm.weight", "lm_head.weight"]

@@ -1,4 +1,4 @@
-"""The per-job lease broker (issue 13) against a real Redis: batched round trips, the cap held across brokers, and
+"""The per-job lease broker against a real Redis: batched round trips, the cap held across brokers, and
 no lease left behind when a job ends, including the fault seen once: the job's last exchange was cancelled while
 still queued for a thread, so it never ran, and the job's 64 leases stayed until they expired (the pool stalled 30 s
 per job)."""

@@ -1,4 +1,4 @@
-"""Issue 12 §4 and §5 end to end on real processes: a real `draftsmith worker` answers a two-turn prompt on the real
+"""Partial records end to end on real processes: a real `draftsmith worker` answers a two-turn prompt on the real
 SmolLM2 vLLM CPU server, whose second turn exceeds the context (a real 400 from vLLM); build-data keeps the good
 first turn, and checks every prompt against the ``prompt_token_ids`` the server returned."""
 

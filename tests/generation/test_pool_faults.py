@@ -1,4 +1,4 @@
-"""Faults of the worker pool's processes (issue 12), on real processes: real `draftsmith worker` pools (rq forks
+"""Faults of the worker pool's processes, on real processes: real `draftsmith worker` pools (rq forks
 workers, work-horses and the scheduler), the real Redis, and a real local HTTP server standing in for the target
 (bench/stub_target.py: it is the pool under test, not a model)."""
 
@@ -239,7 +239,7 @@ c = collections.Counter(r['id'] for r in iter_records(pathlib.Path('{rec}'))); p
 
 
 def test_long_lived_worker_regenerates_a_shard_removed_by_the_user(tmp_path, redis_url):
-    """Workers keep the run's done ids in memory (issue 13); a shard the user removed (the documented way to
+    """Workers keep the run's done ids in memory; a shard the user removed (the documented way to
     regenerate it) must be answered again after `enqueue`, by the same worker, exactly once."""
     stub = Stub()
     s = settings_for(tmp_path, redis_url, stub.url)

@@ -1,13 +1,13 @@
-"""Record storage leftovers (issue 12 section 3): what an interrupted writer leaves is swept or ignored."""
+"""Record storage leftovers: what an interrupted writer leaves is swept or ignored."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from draftsmith.artifacts.storage import atomic_write_bytes, atomic_write_text
 from draftsmith.generation.runcache import DoneIndex
 from draftsmith.generation.store import done_ids, rebuild_manifest, sweep_records, write_shard
-from draftsmith.paths import atomic_write_bytes, atomic_write_text
 
 
 def rec(i: str) -> dict:

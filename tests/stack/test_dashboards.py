@@ -23,7 +23,7 @@ from stack_helpers import (
     recorded_metric_names,
 )
 
-# What each dashboard must show (issue 7), as words that must appear in its panel titles.
+# What each dashboard must show, as words that must appear in its panel titles.
 REQUIRED_PANELS = {
     "generation": ["Progress", "ETA", "Completed requests", "Output tokens", "in flight", "p50 / p95",
                    "Errors by reason", "Queue depth", "Workers alive"],

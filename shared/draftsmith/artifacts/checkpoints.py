@@ -30,7 +30,7 @@ def latest_path(checkpoints_dir: Path) -> Path:
 
 def write_latest(checkpoints_dir: Path, name: str, step: int) -> None:
     """Point ``latest.json`` at checkpoint folder ``name`` (atomic replace)."""
-    from draftsmith.paths import atomic_write_text
+    from draftsmith.artifacts.storage import atomic_write_text
 
     atomic_write_text(latest_path(checkpoints_dir), json.dumps({"checkpoint": name, "step": step}))
 

@@ -37,7 +37,7 @@ def manifest_path(features_dir: Path) -> Path:
 
 def write_manifest(features_dir: Path, manifest: dict[str, Any]) -> None:
     """Replace ``features/manifest.json`` atomically (indent 1)."""
-    from draftsmith.paths import atomic_write_text
+    from draftsmith.artifacts.storage import atomic_write_text
 
     atomic_write_text(manifest_path(features_dir), json.dumps(manifest, indent=1))
 

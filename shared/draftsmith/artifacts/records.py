@@ -72,6 +72,6 @@ def read_manifest(records_dir: Path) -> dict[str, Any] | None:
 
 def write_manifest(records_dir: Path, manifest: dict[str, Any]) -> None:
     """Replace ``records/manifest.json`` atomically (indent 1)."""
-    from draftsmith.paths import atomic_write_text
+    from draftsmith.artifacts.storage import atomic_write_text
 
     atomic_write_text(manifest_path(records_dir), json.dumps(manifest, indent=1))

@@ -41,7 +41,7 @@ def stage_snapshot(stage: str, phase: str, line: str, **numbers: object) -> dict
 
 def write_snapshot(run_root: Path, stage: str, phase: str, line: str, **numbers: object) -> dict:
     """Write a stage's status snapshot (:func:`stage_snapshot`, atomically) and return it."""
-    from draftsmith.paths import atomic_write_text
+    from draftsmith.artifacts.storage import atomic_write_text
 
     snap = stage_snapshot(stage, phase, line, **numbers)
     atomic_write_text(snapshot_path(run_root, stage), json.dumps(snap, indent=1, default=str))

@@ -39,7 +39,7 @@ def mapping_files(vocab_dir: Path) -> list[str]:
 
 def write_meta(vocab_dir: Path, n: int, meta: dict[str, Any]) -> None:
     """Replace ``draft-<n>.json`` atomically (indent 2, trailing newline)."""
-    from draftsmith.paths import atomic_write_text
+    from draftsmith.artifacts.storage import atomic_write_text
 
     atomic_write_text(meta_path(vocab_dir, n), json.dumps(meta, indent=2) + "\n")
 

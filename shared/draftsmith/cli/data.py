@@ -46,7 +46,7 @@ def build_data_cmd(
                    f"prompts as served {st['prompts_checked'] - st['prompts_mismatched']}/{st['prompts_checked']}")
         return
     paths.ensure()
-    from draftsmith.paths import atomic_write_text
+    from draftsmith.artifacts.storage import atomic_write_text
 
     atomic_write_text(paths.config, settings_to_yaml(s))
     from draftsmith.artifacts.vocab import read_meta

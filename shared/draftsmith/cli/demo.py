@@ -12,7 +12,8 @@ from draftsmith.signals import keep
 def demo(
     run: str = typer.Option("demo", "--run", help="Run name (everything under runs/<run>/)."),
     size: str = typer.Option(
-        "default", "--size", help="small (CI, < 10 min), default (< 45 min) or mla (the tiny MLA target, docs/mla.md)."
+        "default", "--size", help="small (CI, < 10 min), default (< 45 min), mla (the tiny MLA target, "
+        "docs/mla.md) or kimi (the tiny Kimi-K2.5-layout target, docs/targets.md)."
     ),
     fresh: bool = typer.Option(False, "--fresh", help="Delete the run and start over."),
 ) -> None:

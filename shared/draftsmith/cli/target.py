@@ -36,6 +36,19 @@ def make_tiny_mla_cmd(
     typer.echo(str(make_tiny_mla(s.target.cache_dir, s.prompts_dir, steps=steps, force=force)))
 
 
+@target_app.command("make-tiny-kimi")
+def make_tiny_kimi_cmd(
+    steps: int = typer.Option(200, "--steps", min=0, help="Training steps (0 = random weights, shapes only)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even if a current checkpoint exists."),
+) -> None:
+    """Build a tiny target in Kimi-K2.5's checkpoint layout (multimodal wrapper, language_model.* weights, its own
+    tiktoken tokenizer code) in the cache (docs/targets.md); prints its folder."""
+    from draftsmith.target.tiny_kimi import make_tiny_kimi
+
+    s = settings()
+    typer.echo(str(make_tiny_kimi(s.target.cache_dir, s.prompts_dir, steps=steps, force=force)))
+
+
 @target_app.command("flags")
 def flags(
     path: Path = typer.Option(None, "--path", help="Target checkpoint folder (default: target.path, else the "

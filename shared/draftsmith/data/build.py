@@ -19,6 +19,7 @@ from typing import Any
 
 from draftsmith.artifacts import data as artifact
 from draftsmith.artifacts.data import DATA_SCHEMA
+from draftsmith.artifacts.storage import atomic_write_bytes
 from draftsmith.config import DataConfig
 from draftsmith.data.records import Skip, iter_records, record_files
 from draftsmith.data.render import (
@@ -32,7 +33,6 @@ from draftsmith.data.render import (
 from draftsmith.data.validate import Mismatch, validate_sample
 from draftsmith.errors import DataError
 from draftsmith.log import get_logger
-from draftsmith.paths import atomic_write_bytes
 
 log = get_logger(__name__)
 
@@ -177,6 +177,17 @@ def build_data(
 
     def emit(rec: dict[str, Any], samples: list[Sample]) -> None:
         bad = [mm for s in samples for mm in validate_sample(s, tok)]
+        if bad and all(mm.side != "prompt" for mm in bad):
+            # the server's parser may have dropped generated text: read the turns again from their ids
+            again = renderer.reparse_from_ids(rec)
+            if again is not None:
+                try:
+                    samples2 = renderer.render(again)
+                except SampleSkip:
+                    samples2 = []
+                if samples2 and not any(validate_sample(s, tok) for s in samples2):
+                    rec, samples, bad = again, samples2, []
+                    rec["_flags"] = [*rec.get("_flags", []), "reparsed_from_ids"]
         n["turns_checked"] += sum(sp.expected is not None for s in samples for sp in s.spans)
         n["prompts_checked"] += sum(t.get("prompt_token_ids") is not None for t in rec["turns"])
         n["turns_mismatched"] += sum(mm.side != "prompt" for mm in bad)

@@ -261,6 +261,39 @@ class ChatRenderer:
             n += 1
         return n
 
+    def reparse_from_ids(self, rec: dict[str, Any]) -> dict[str, Any] | None:
+        """A copy of ``rec`` whose assistant turns are read again from the ids the server generated, where the
+        server's reasoning parser dropped think markers and nothing else; None otherwise.
+
+        vLLM's ``kimi_k2`` parser consumes a ``</think>`` that the target generates after its reasoning already
+        ended, so the answer's text lacks a token the target generated and no rendering of the record is
+        token-exact. Decoding the generated ids (special tokens kept, the end-of-turn tokens left out) gives the raw
+        generation, which :meth:`texts` then splits at its first ``</think>`` as for a server without a reasoning
+        parser (:meth:`split_inline_reasoning`). Only when, for every assistant turn, the raw generation without
+        its ``<think>``/``</think>`` markers is exactly the record's reasoning followed by its answer: a record whose
+        text differs in anything else (reasoning glued to the answer by hand, a changed answer) stays a mismatch.
+        """
+        if self.reasoning_mode == "none" or not self._has_think:
+            return None
+        assistants = [i for i, m in enumerate(rec["messages"]) if m["role"] == "assistant"]
+        turns = rec["turns"]
+        if len(turns) != len(assistants) or any(not t.get("token_ids") for t in turns):
+            return None
+        new = {**rec, "messages": [dict(m) for m in rec["messages"]]}
+        for i, turn in zip(assistants, turns, strict=True):
+            ids = list(turn["token_ids"])
+            while ids and ids[-1] in self.eot_ids:
+                ids.pop()
+            raw = self.tok.decode(ids, skip_special_tokens=False)
+            m = new["messages"][i]
+            parsed = (m.get("reasoning") or m.get("reasoning_content") or "") + (m.get("content") or "")
+            if raw.replace(THINK_OPEN, "").replace(THINK_CLOSE, "") != parsed:
+                return None
+            for key in ("reasoning", "reasoning_content", "thinking"):
+                m.pop(key, None)
+            m["content"] = raw
+        return new
+
     def texts(self, rec: dict[str, Any]) -> list[tuple[str, str]]:
         """``[(P_k, F_k[len(P_k):])]``: prompt text and turn text of every assistant turn k (see the module doc).
 

@@ -13,10 +13,10 @@ import hashlib
 from pathlib import Path
 
 from draftsmith.artifacts import vocab as artifact
+from draftsmith.artifacts.storage import atomic_write_bytes
 from draftsmith.artifacts.vocab import COUNTS_FILE, VOCAB_SCHEMA
 from draftsmith.errors import DataError
 from draftsmith.log import get_logger
-from draftsmith.paths import atomic_write_bytes
 
 log = get_logger(__name__)
 

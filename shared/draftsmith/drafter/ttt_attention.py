@@ -111,10 +111,8 @@ def set_ttt_attention(model: nn.Module, mode: str) -> None:
     """Make every draft attention layer in ``model`` use ``mode`` (one of :data:`MODES`) for steps >= 1."""
     if mode not in MODES:
         raise ValueError(f"ttt attention {mode!r} is not one of {MODES}")
-    from draftsmith.drafter.model import DraftAttention
-
     for m in model.modules():
-        if isinstance(m, DraftAttention):
+        if hasattr(m, "ttt_attention"):  # DraftAttention (draftsmith.drafter.model), not imported: it imports us
             m.ttt_attention = mode
 
 

@@ -94,20 +94,16 @@ def load_target_head(target_path: Path | str) -> tuple[torch.Tensor, torch.Tenso
 
 
 def load_target_final_norm(target_path: Path | str) -> torch.Tensor:
-    """The weight ``[H]`` of the target's final RMSNorm (``model.norm.weight``), fp32.
+    """The weight ``[H]`` of the target's final RMSNorm, fp32, found by name
+    (:func:`draftsmith.target.checkpoint.final_norm_key`: ``model.norm.weight``, or a wrapped multimodal
+    checkpoint's such as Kimi-K2.5's ``language_model.model.norm.weight``).
 
     Raises:
         ModelError: no such weight in the checkpoint's safetensors files.
     """
-    from safetensors import safe_open
+    from draftsmith.target.checkpoint import load_final_norm
 
-    for f in sorted(Path(target_path).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as sf:
-            for key in sf.keys():
-                if key in ("model.norm.weight", "norm.weight") or key.endswith("language_model.norm.weight"):
-                    return sf.get_tensor(key).float()
-    raise ModelError(f"no final norm weight (model.norm.weight) in {target_path}",
-                     "set train.norm_init=ones for a target whose final norm is named otherwise")
+    return load_final_norm(Path(target_path)).float()
 
 
 def init_from_target(model, target_path: Path | str, d2t: torch.Tensor, t2d: torch.Tensor, lm_head: str = "target",

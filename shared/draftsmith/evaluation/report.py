@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.artifacts.report import REPORT_SCHEMA, report_paths
+from draftsmith.artifacts.storage import atomic_write_bytes, atomic_write_text
 from draftsmith.evaluation.runner import SetMeasure
 from draftsmith.log import get_logger
-from draftsmith.paths import atomic_write_bytes, atomic_write_text
 
 log = get_logger(__name__)
 

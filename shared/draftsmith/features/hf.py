@@ -75,6 +75,23 @@ class SampleFeatures:
     final: torch.Tensor
 
 
+def text_decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack of a transformers model whose layers the hooks attach to: ``model.model`` for a causal
+    LM (Llama-like: ``.layers``, ``.norm``), ``model.model.language_model`` for a multimodal wrapper such as
+    Kimi-K2.5's ``Kimi_K25ForConditionalGeneration`` (its vision tower is never run).
+
+    Raises:
+        ModelError: no such stack.
+    """
+    base = getattr(model, "model", None)
+    for cand in (base, getattr(base, "language_model", None), getattr(model, "language_model", None)):
+        if cand is not None and hasattr(cand, "layers") and hasattr(cand, "norm"):
+            return cand
+    raise ModelError(f"{type(model).__name__} exposes no decoder layers (.model.layers or "
+                     ".model.language_model.layers) to capture hidden states from",
+                     "use a Llama-like causal LM or a multimodal wrapper of one, or the vllm backend")
+
+
 class HFExtractor:
     """Captures aux and final hidden states of a transformers causal LM.
 
@@ -90,13 +107,7 @@ class HFExtractor:
     def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int], batch_tokens: int = 4096) -> None:
         keep_freed_memory()  # glibc: no mmap/munmap per forward pass (draftsmith.allocator)
         self.model = model.eval()
-        base = getattr(model, "model", None)
-        if base is None or not hasattr(base, "layers"):
-            raise ModelError(
-                f"{type(model).__name__} exposes no .model.layers to capture hidden states from",
-                "use a Llama-like causal LM, or the vllm backend",
-            )
-        self.base = base
+        self.base = text_decoder(model)
         self.layer_ids = tuple(layer_ids)
         self.batch_tokens = batch_tokens
         self.hidden_size = int(model.config.get_text_config().hidden_size)
@@ -112,11 +123,16 @@ class HFExtractor:
             ModelError: the folder cannot be loaded by transformers, or its model is its own code and
                 ``trust_remote_code`` is off.
         """
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True,
-                                                         trust_remote_code=trust_remote_code)
+            cfg = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=trust_remote_code)
+            # a multimodal wrapper (Kimi-K2.5: Kimi_K25ForConditionalGeneration) is no causal LM to transformers;
+            # its image-text-to-text class holds the language model whose hidden states are captured
+            wrapped = getattr(cfg, "text_config", None) is not None and cfg.get_text_config() is not cfg
+            auto = AutoModelForImageTextToText if wrapped else AutoModelForCausalLM
+            model = auto.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True,
+                                         trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
             if not trust_remote_code and "trust_remote_code" in str(e):
                 from draftsmith.data.render import remote_code_error

@@ -23,10 +23,10 @@ from draftsmith.artifacts import features as artifact
 from draftsmith.artifacts.features import FEATURES_SCHEMA as MANIFEST_SCHEMA  # noqa: F401 (re-exported)
 from draftsmith.artifacts.features import SHARD_SCHEMA, shard_file, sidecar_file  # noqa: F401 (re-exported)
 from draftsmith.artifacts.status import snapshot_path, stage_snapshot
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import DataError
 from draftsmith.features.plan import ExtractPlan, sha256_file
 from draftsmith.log import get_logger
-from draftsmith.paths import atomic_write_text
 
 log = get_logger(__name__)
 

@@ -25,6 +25,7 @@ from draftsmith.errors import EngineError
 from draftsmith.features.hf import SampleFeatures, target_config
 from draftsmith.features.layers import vllm_aux_ids
 from draftsmith.log import get_logger
+from draftsmith.target.checkpoint import load_final_norm
 
 log = get_logger(__name__)
 
@@ -63,46 +64,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm in float32: ``weight * x / sqrt(mean(x^2) + eps)``; ``x`` ``[T, H]``."""
     xf = x.float()
     return weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def final_norm_key(names: Sequence[str]) -> str | None:
-    """The weight name of the target's final norm among ``names``: ``norm.weight`` under the text model's root
-    (``model.norm.weight``; ``model.language_model.norm.weight`` or ``language_model.model.norm.weight`` in wrapped
-    multimodal checkpoints such as Kimi-K2.5's), never a layer's or the vision tower's norm. None when absent."""
-    found = [n for n in names if n.endswith(".norm.weight") and ".layers." not in n
-             and not any(part in n for part in ("vision", "visual", "mm_projector", "multi_modal", "mtp"))]
-    found.sort(key=lambda n: (n.count("."), n))  # the shallowest: the text model's own final norm
-    return found[0] if found else None
-
-
-def load_final_norm(target_dir: Path) -> torch.Tensor:
-    """The target's final norm weight ``[H]``, found by name in the checkpoint's weight index
-    (``model.safetensors.index.json``) or its safetensors files (:func:`final_norm_key`).
-
-    Raises:
-        EngineError: no weight of the checkpoint is a final norm.
-    """
-    import json
-
-    from safetensors import safe_open
-
-    from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
-
-    target_dir = Path(target_dir)
-    index = target_dir / WEIGHTS_INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        key = final_norm_key(list(weight_map))
-        if key is not None:
-            with safe_open(str(target_dir / weight_map[key]), framework="pt") as st:
-                return st.get_tensor(key)
-    for f in sorted(target_dir.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            key = final_norm_key(list(st.keys()))
-            if key is not None:
-                return st.get_tensor(key)
-    raise EngineError(f"no final norm weight (model.norm.weight or a wrapped model's) in {target_dir}",
-                      "check target.path points at the checkpoint folder, or use the hf backend")
 
 
 class VLLMExtractor:

@@ -9,7 +9,6 @@ worker is gone (killed after it dequeued or started the job) is requeued at once
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Callable, Iterable
@@ -19,17 +18,16 @@ from typing import Any
 
 from rq import Retry
 
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.config import Settings
 from draftsmith.errors import DiskSpaceError
+from draftsmith.generation.job_ids import JOB_FUNC, RESULT_TTL_S, job_id_for
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
 from draftsmith.generation.store import done_ids, load_prompts, rebuild_manifest, sweep_records
 from draftsmith.jobqueue.liveness import ALIVE, JobState, census, requeue_orphan, settle
 from draftsmith.jobqueue.queues import fetch_job
-from draftsmith.paths import RunPaths, atomic_write_text
-
-JOB_FUNC = "draftsmith.generation.jobs.generate_job"
-RESULT_TTL_S = 3600  # a finished job's result is read by nobody: disk is the truth; keep it an hour for debugging
+from draftsmith.paths import RunPaths
 
 
 @dataclass
@@ -48,14 +46,6 @@ class EnqueueReport:
     duplicates: int = 0
     model: str | None = None
     queue: str | None = None
-
-
-def job_id_for(run_root: Path, prompt_ids: list[str]) -> str:
-    """Deterministic job id of a batch: ``gen-`` + sha1 of the run folder and the batch's ids."""
-    h = hashlib.sha1(str(Path(run_root).resolve()).encode())
-    for i in prompt_ids:
-        h.update(i.encode())
-    return "gen-" + h.hexdigest()[:20]
 
 
 def check_disk(path: Path, min_free_gb: float, mkdir: bool = True) -> None:

@@ -97,7 +97,11 @@ async def _turns(prompt: dict[str, Any], client: ChatClient, board: ProgressTall
     from draftsmith import metrics as M
 
     sampling = sampling_params(s)
-    body_extra = {"return_token_ids": True} if s.generation.return_token_ids else {}
+    # the text must be what the token ids decode to: with a reasoning parser vLLM keeps special tokens in the text
+    # (the parser reads them), and a slow (Python) tokenizer such as Kimi's tiktoken one then gets a space on each
+    # side of every special token (spaces_between_special_tokens, on by default), which no template renders
+    body_extra = {"return_token_ids": True, "spaces_between_special_tokens": False} \
+        if s.generation.return_token_ids else {}
     messages: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
 

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import httpx
 
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import ConfigError, DataError, TargetUnavailable
 from draftsmith.generation.sources import template_markup
 from draftsmith.log import get_logger
-from draftsmith.paths import atomic_write_text
 
 log = get_logger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 from draftsmith.artifacts import records as artifact
 from draftsmith.artifacts.records import MANIFEST_SCHEMA, RECORD_SCHEMA, SHARD_SCHEMA  # noqa: F401 (re-exported)
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import DataError
-from draftsmith.paths import atomic_write_text
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 from rq import Retry
 
-from draftsmith.generation.enqueue import JOB_FUNC, RESULT_TTL_S, job_id_for
+from draftsmith.generation.job_ids import JOB_FUNC, RESULT_TTL_S, job_id_for
 from draftsmith.jobqueue.queues import fetch_job
 
 

@@ -8,12 +8,15 @@ it; see :mod:`draftsmith.target.embedded`).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsmith.errors import ModelError
 
 if TYPE_CHECKING:
+    import torch
+
     from draftsmith.config import Settings
 
 
@@ -64,3 +67,44 @@ def read_target_config(folder: Path | str, text: bool = False) -> dict[str, Any]
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot read the target config {f}: {e}", "set target.path to a checkpoint folder") from e
     return cfg.get("text_config", cfg) if text else cfg
+
+
+def final_norm_key(names: Sequence[str]) -> str | None:
+    """The weight name of the target's final norm among ``names``: ``norm.weight`` under the text model's root
+    (``model.norm.weight``; ``model.language_model.norm.weight`` or ``language_model.model.norm.weight`` in wrapped
+    multimodal checkpoints such as Kimi-K2.5's), never a layer's or the vision tower's norm. None when absent."""
+    found = [n for n in names if n.endswith(".norm.weight") and ".layers." not in n
+             and not any(part in n for part in ("vision", "visual", "mm_projector", "multi_modal", "mtp"))]
+    found.sort(key=lambda n: (n.count("."), n))  # the shallowest: the text model's own final norm
+    return found[0] if found else None
+
+
+def load_final_norm(target_dir: Path) -> torch.Tensor:
+    """The target's final norm weight ``[H]``, found by name in the checkpoint's weight index
+    (``model.safetensors.index.json``) or its safetensors files (:func:`final_norm_key`).
+
+    Raises:
+        ModelError: no weight of the checkpoint is a final norm.
+    """
+    import json
+
+    from safetensors import safe_open
+
+    from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
+
+    target_dir = Path(target_dir)
+    index = target_dir / WEIGHTS_INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        key = final_norm_key(list(weight_map))
+        if key is not None:
+            with safe_open(str(target_dir / weight_map[key]), framework="pt") as st:
+                return st.get_tensor(key)
+    for f in sorted(target_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            key = final_norm_key(list(st.keys()))
+            if key is not None:
+                return st.get_tensor(key)
+    raise ModelError(f"no final norm weight (model.norm.weight or a wrapped model's) in {target_dir}",
+                     "check target.path points at the checkpoint folder (or set train.norm_init=ones for a target "
+                     "whose final norm is named otherwise)")
