@@ -18,7 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "draftsmith"
 SCHEMA_TAGS = ("draftsmith.record/1", "draftsmith.data/1", "draftsmith.features/1", "draftsmith.vocab/1",
                "draftsmith.checkpoint/1", "draftsmith.eval-report/1")
 FILE_NAMES = ("manifest.json", "stats.json", "latest.json", ".meta.json", "model.safetensors", "report.json",
-              "report.md", "report.png", "metrics.prom")
+              "report.md", "report.png", "metrics.prom", "optimizer.pt", "scheduler.pt", "rng.pt", "demo.json",
+              "demo-config.yaml")
 # a name as a path component: "stats.json" but not "data-stats.json"; ".meta.json" is a suffix, matched anywhere
 NAME_RE = {n: re.compile(("" if n.startswith(".") else r"(?<![\w.-])") + re.escape(n)) for n in FILE_NAMES}
 
@@ -137,3 +138,17 @@ def test_a_report_of_another_schema_is_refused(tmp_path):
     (tmp_path / "report.json").write_text('{"schema": "draftsmith.eval-report/0"}')
     with pytest.raises(ValueError, match="eval-report/0"):
         read_report(tmp_path)
+
+
+def test_the_target_config_has_one_reader():
+    """The target's ``config.json`` is found and read by :mod:`draftsmith.target.checkpoint` only
+    (``read_target_config``, ``target_config_path``); the export owner spells the same Hugging Face name for the
+    drafter's own config."""
+    spellers = []
+    for p in _modules(PACKAGE):
+        rel = p.relative_to(PACKAGE).as_posix()
+        if _owned(p, PACKAGE) or rel == "target/checkpoint.py":
+            continue
+        if any(re.search(r"(?<![\w.-])config\.json", s) for s in code_strings(p.read_text(encoding="utf-8"))):
+            spellers.append(rel)
+    assert spellers == [], f"config.json is built by hand in {spellers}; use draftsmith.target.checkpoint"

@@ -85,6 +85,19 @@ def test_kimi_k25_layout_target_through_every_stage(tmp_path, redis_url):
     assert overall["drafts"] > 0 and overall["accepted_tokens"] > 0
     assert 1.0 < overall["mean_acceptance_length"] <= 4.0
 
+    # every artifact says which build made it, and `status` shows it
+    from draftsmith.artifacts.provenance import code_version
+
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["checkpoint"]
+    # (records/manifest.json is rebuilt by an enqueue that resumes a run: this run had none)
+    for f in (run / "data" / "manifest.json", run / "features" / "manifest.json",
+              run / "checkpoints" / latest / "state.json", run / "eval" / "report.json"):
+        assert json.loads(f.read_text())["code_version"] == code_version(), f
+    st = subprocess.run([sys.executable, "-m", "draftsmith", "status", "--run", "kimi"], cwd=tmp_path,
+                        env={**env, "DRAFTSMITH_CONFIG": str(run / "demo-config.yaml")}, capture_output=True,
+                        text=True, timeout=120)
+    assert f"made by {code_version()} (data, features, eval, checkpoint)" in st.stdout, st.stdout
+
     # fine-tuning from a public drafter whose rope differs from the target's (the public Kimi-K2.5 EAGLE-3 drafter:
     # theta 1e6, no scaling) is refused with the setting that decides, then adapted when told, through export
     pretrained = tmp_path / "pretrained"

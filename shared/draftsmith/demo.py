@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from draftsmith.artifacts.demo import DEMO_CONFIG_FILE, DEMO_STATE_FILE
 from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
 from draftsmith.artifacts.report import read_report
 from draftsmith.artifacts.storage import atomic_write_text
@@ -172,8 +173,8 @@ class Demo:
         self.size = size
         self.say = say
         self.paths = RunPaths(s.runs_dir, s.run)
-        self.state_file = self.paths.root / "demo.json"
-        self.config_file = self.paths.root / "demo-config.yaml"
+        self.state_file = self.paths.root / DEMO_STATE_FILE
+        self.config_file = self.paths.root / DEMO_CONFIG_FILE
         self.server = None
         self.url: str | None = None
         self._stage_t0 = 0.0

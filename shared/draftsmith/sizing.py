@@ -110,11 +110,14 @@ def plan_job(s: Settings, target: Path, host: Host, job: Job) -> JobPlan:
 
     out = JobPlan()
     say, problem = out.lines.append, out.problems.append
-    if not (target / "config.json").is_file():
-        problem(f"{target} has no config.json -> point target.path at the target's checkpoint folder")
+    from draftsmith.target.checkpoint import read_target_config, target_config_path
+
+    if not target_config_path(target).is_file():
+        problem(f"{target} has no {target_config_path(target).name} -> point target.path at the target's "
+                "checkpoint folder")
         return out
     prof = target_profile(target)
-    cfg = json.loads((target / "config.json").read_text())
+    cfg = read_target_config(target)
     text = cfg.get("text_config") or cfg
     hidden, layers, vocab = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"])
     say(f"target {target.name}: {prof.family or prof.model_type}, hidden {hidden}, {layers} layers, vocabulary "

@@ -94,7 +94,39 @@ def collect_status(s: Settings) -> RunStatus:
         out.lines.append(f"{st['stage']}: [{phase}] {snapshot_line(st)} (updated {age:.0f} s ago)")
         if phase not in ("done", "failed", "skipped"):
             out.finished = False
+    out.lines.extend(made_by(paths))
     return out
+
+
+def made_by(paths: RunPaths) -> list[str]:
+    """``made by ...`` lines: the ``code_version`` stamped in each artifact of the run that has one
+    (:mod:`draftsmith.artifacts.provenance`), one line when they agree, one per artifact when they do not."""
+    import json
+
+    from draftsmith.artifacts import checkpoints as ckpt
+    from draftsmith.artifacts.report import report_paths
+
+    files = {"records": paths.records_manifest, "data": paths.data_manifest, "features": paths.features_manifest,
+             "eval": report_paths(paths.eval)["json"]}
+    try:
+        latest = ckpt.read_latest(paths.checkpoints)
+    except (ValueError, KeyError):
+        latest = None
+    if latest:
+        files["checkpoint"] = paths.checkpoints / latest / ckpt.STATE_FILE
+    found = {}
+    for name, f in files.items():
+        try:
+            v = json.loads(f.read_text()).get("code_version")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if v:
+            found[name] = v
+    if not found:
+        return []
+    if len(set(found.values())) == 1:
+        return [f"made by {next(iter(found.values()))} ({', '.join(found)})"]
+    return [f"made by: {name} {v}" for name, v in found.items()]
 
 
 def print_status(s: Settings) -> bool:

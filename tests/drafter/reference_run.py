@@ -14,10 +14,29 @@ import torch
 from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as features_artifact
 from draftsmith.data.vocab import count_tokens, data_hash, save_counts, write_draft_vocab
-from draftsmith.drafter.hf_features import load_target, target_features
+from draftsmith.drafter.hf_features import load_target
+from draftsmith.features.layers import hf_hidden_index
 from draftsmith.features.plan import sha256_file, tokenizer_sha256
 
 BATCH = 8  # samples per forward pass
+
+
+@torch.no_grad()
+def target_features(model, input_ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the target once (transformers' ``output_hidden_states``: the output of decoder layer ``i`` is
+    ``hidden_states[i + 1]``; ``hidden_states[-1]`` is the last decoder output after the final norm).
+
+    Args:
+        model: transformers causal LM. input_ids: ``[B, T]``.
+        layer_ids: aux layer ids.
+
+    Returns:
+        ``(aux [B, T, 3*H], final [B, T, H] post-norm, logits [B, T, V])``.
+    """
+    out = model(input_ids=input_ids, output_hidden_states=True)
+    hs = out.hidden_states  # L + 1 tensors [B, T, H]
+    aux = torch.cat([hs[hf_hidden_index(i)] for i in layer_ids], dim=-1)  # [B, T, 3H]
+    return aux, hs[-1], out.logits
 
 
 def write_reference_run(

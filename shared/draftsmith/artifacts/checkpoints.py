@@ -15,6 +15,10 @@ STATE_SCHEMA = "draftsmith.checkpoint/1"
 LATEST_FILE = "latest.json"
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "model.safetensors"
+# the trainer's resume state beside the weights (draftsmith.drafter.checkpoint)
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+RNG_FILE = "rng.pt"
 FOLDER_GLOB = "step-*"
 
 

@@ -78,9 +78,10 @@ def output_files(data_dir: Path) -> list[Path]:
 
 def write_manifest(data_dir: Path, manifest: DataManifest) -> None:
     """Replace ``data/manifest.json`` atomically (indent 2, trailing newline); write it last."""
+    from draftsmith.artifacts.provenance import stamp
     from draftsmith.artifacts.storage import atomic_write_text
 
-    atomic_write_text(manifest_path(data_dir), json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(manifest_path(data_dir), json.dumps(stamp(dict(manifest)), indent=2) + "\n")
 
 
 def write_stats(data_dir: Path, stats: dict[str, Any]) -> None:

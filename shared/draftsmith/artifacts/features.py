@@ -37,9 +37,10 @@ def manifest_path(features_dir: Path) -> Path:
 
 def write_manifest(features_dir: Path, manifest: dict[str, Any]) -> None:
     """Replace ``features/manifest.json`` atomically (indent 1)."""
+    from draftsmith.artifacts.provenance import stamp
     from draftsmith.artifacts.storage import atomic_write_text
 
-    atomic_write_text(manifest_path(features_dir), json.dumps(manifest, indent=1))
+    atomic_write_text(manifest_path(features_dir), json.dumps(stamp(manifest), indent=1))
 
 
 def load_manifest(features_dir: Path) -> dict[str, Any] | None:

@@ -25,7 +25,8 @@ def demo(
     if size not in SIZES:
         raise ConfigError(f"unknown demo size {size!r}", f"use one of: {', '.join(SIZES)}")
     s = settings(run=run)
+    from draftsmith.artifacts.demo import DEMO_STATE_FILE
     from draftsmith.paths import RunPaths
 
-    keep(f"the finished stages in {RunPaths(s.runs_dir, s.run).root} (demo.json)")
+    keep(f"the finished stages in {RunPaths(s.runs_dir, s.run).root} ({DEMO_STATE_FILE})")
     Demo(s, SIZES[size].for_this_machine(), say=lambda m: typer.echo(m)).run(fresh=fresh)

@@ -9,7 +9,6 @@ cannot pick up half-right data.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -116,10 +115,11 @@ def unclosed_reasoning(rec: dict[str, Any]) -> bool:
 def target_vocab_size(tok, tokenizer_path: Path) -> int:
     """V: the larger of ``len(tokenizer)`` and ``config.json``'s ``vocab_size`` (embedding rows of the target; a
     multimodal wrapper such as Kimi-K2.5 keeps it under ``text_config``)."""
+    from draftsmith.target.checkpoint import read_target_config, target_config_path
+
     v = len(tok)
-    cfg = Path(tokenizer_path) / "config.json"
-    if cfg.is_file():
-        c = json.loads(cfg.read_text())
+    if target_config_path(tokenizer_path).is_file():
+        c = read_target_config(tokenizer_path)
         v = max(v, int(c.get("vocab_size") or (c.get("text_config") or {}).get("vocab_size") or 0))
     return v
 

@@ -94,10 +94,12 @@ def save_checkpoint(folder: Path, weights: dict[str, torch.Tensor], optimizer_st
         shutil.rmtree(tmp)
     tmp.mkdir()
     save_file(weights, str(tmp / artifact.WEIGHTS_FILE), metadata={"format": "pt"})
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / artifact.STATE_FILE).write_text(json.dumps({"schema": STATE_SCHEMA, **state,
+    torch.save(optimizer_state, tmp / artifact.OPTIMIZER_FILE)
+    torch.save(scheduler.state_dict(), tmp / artifact.SCHEDULER_FILE)
+    torch.save(rng_state(), tmp / artifact.RNG_FILE)
+    from draftsmith.artifacts.provenance import stamp
+
+    (tmp / artifact.STATE_FILE).write_text(json.dumps({"schema": STATE_SCHEMA, **stamp(state),
                                                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                                 "saved_ns": time.time_ns()}, indent=2))
     if final.exists():
@@ -206,14 +208,14 @@ def load_optimizer_state(ckpt: Path, model, optimizer, scheduler) -> None:
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    osd = load_plain(ckpt / "optimizer.pt")
+    osd = load_plain(ckpt / artifact.OPTIMIZER_FILE)
     try:
         set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
     except (KeyError, RuntimeError, ValueError) as e:
         raise ModelError(f"optimizer state of {ckpt} does not fit this drafter ({e})",
                          "resume into the run that wrote it, or set train.resume=false to start over") from e
-    scheduler.load_state_dict(load_plain(ckpt / "scheduler.pt"))
-    set_rng_state(load_plain(ckpt / "rng.pt"))
+    scheduler.load_state_dict(load_plain(ckpt / artifact.SCHEDULER_FILE))
+    set_rng_state(load_plain(ckpt / artifact.RNG_FILE))
 
 
 def load_plain(path: Path) -> Any:

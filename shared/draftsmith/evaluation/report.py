@@ -76,8 +76,11 @@ def engine_result(engine: str, k: int, temperature: float, sets: list[SetMeasure
 def build_report(run: str, engine: str, k: int, temperature: float, results: list[dict[str, Any]],
                  target: str, drafter: str, offline: dict[str, Any] | None = None,
                  config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole ``report.json`` document (schema ``draftsmith.eval-report/1``)."""
-    return {
+    """The whole ``report.json`` document (schema ``draftsmith.eval-report/1``), stamped with the code version and
+    the config's hash (:mod:`draftsmith.artifacts.provenance`)."""
+    from draftsmith.artifacts.provenance import stamp
+
+    return stamp({
         "schema": REPORT_SCHEMA,
         "run": run,
         "engine": engine,
@@ -90,7 +93,7 @@ def build_report(run: str, engine: str, k: int, temperature: float, results: lis
         "offline": offline,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": config,
-    }
+    })
 
 
 def _fmt(x: Any, pct: bool = False) -> str:
@@ -103,7 +106,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     """``report.md``: one table per engine (sets and overall), the definitions, and the offline estimate."""
     lines = [f"# Acceptance of the drafter: run `{report['run']}`", "",
              f"Target `{report['target']}`, drafter `{report['drafter']}`, K = {report['k']} speculative tokens "
-             f"(chain), temperature {report['temperature']}.", ""]
+             f"(chain), temperature {report['temperature']}."
+             + (f" Made by {report['code_version']}." if report.get("code_version") else ""), ""]
     for res in report["results"]:
         lines += [f"## {res['engine']}", "",
                   "| set | acceptance rate | mean acceptance length | per position | output tok/s | baseline tok/s "

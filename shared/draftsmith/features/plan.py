@@ -76,10 +76,12 @@ def target_revision(model_dir: Path) -> str:
             return "gguf-sha256:" + m["gguf_sha256"]
         if m.get("weights_sha256"):
             return "weights-sha256:" + m["weights_sha256"]
-    cfg = json.loads((d / "config.json").read_text())
+    from draftsmith.target.checkpoint import read_target_config, target_config_path
+
+    cfg = read_target_config(d)
     if cfg.get("_commit_hash"):
         return str(cfg["_commit_hash"])
-    return "config-sha256:" + sha256_file(d / "config.json")
+    return "config-sha256:" + sha256_file(target_config_path(d))
 
 
 def load_data_manifest(data_dir: Path) -> dict:

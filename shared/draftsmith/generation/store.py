@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from draftsmith.artifacts import records as artifact
+from draftsmith.artifacts.provenance import code_version
 from draftsmith.artifacts.records import MANIFEST_SCHEMA, RECORD_SCHEMA, SHARD_SCHEMA  # noqa: F401 (re-exported)
 from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import DataError
@@ -204,6 +205,7 @@ def _write_manifest(records_dir: Path) -> dict[str, Any]:
         "shards": shards,
         "records": sum(s["count"] for s in shards),
         "ok": sum(s["ok"] for s in shards),
+        "code_version": code_version(),
         "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     old = artifact.read_manifest(records_dir)

@@ -36,7 +36,7 @@ def target_checkpoint(s: Settings, prepare: bool = False) -> Path:
 
     if s.target.path:
         p = Path(s.target.path).expanduser()
-        if not (p / "config.json").is_file():
+        if not target_config_path(p).is_file():
             raise ModelError(f"target.path {p} is not a Hugging Face checkpoint folder (no config.json)",
                              "pass the folder that holds config.json, tokenizer and weights")
         return p
@@ -49,6 +49,14 @@ def target_checkpoint(s: Settings, prepare: bool = False) -> Path:
                      "run `draftsmith target prepare` (or set target.path to a checkpoint folder)")
 
 
+CONFIG_FILE = "config.json"  # Hugging Face's name (transformers.utils.CONFIG_NAME); read here and nowhere else
+
+
+def target_config_path(folder: Path | str) -> Path:
+    """``<folder>/config.json``: where a checkpoint folder keeps its architecture (it may not exist)."""
+    return Path(folder) / CONFIG_FILE
+
+
 def read_target_config(folder: Path | str, text: bool = False) -> dict[str, Any]:
     """The target's ``config.json``, read without loading weights.
 
@@ -59,7 +67,7 @@ def read_target_config(folder: Path | str, text: bool = False) -> dict[str, Any]
     Raises:
         ModelError: no readable ``config.json`` in ``folder``.
     """
-    f = Path(folder) / "config.json"
+    f = target_config_path(folder)
     if not f.is_file():
         raise ModelError(f"{f} does not exist", "point target.path at a Hugging Face checkpoint folder")
     try:

@@ -101,10 +101,13 @@ def target_profile(folder: Path | str) -> TargetProfile:
     Raises:
         ModelError: the folder has no ``config.json``, or a config file is not JSON.
     """
+    from draftsmith.target.checkpoint import read_target_config, target_config_path
+
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise ModelError(f"{folder} has no config.json", "point at the target's checkpoint folder")
-    cfg = _read_json(folder / "config.json")
+    if not target_config_path(folder).is_file():
+        raise ModelError(f"{folder} has no {target_config_path(folder).name}", "point at the target's checkpoint "
+                         "folder")
+    cfg = read_target_config(folder)
     tok_cfg = _read_json(folder / "tokenizer_config.json")
     text = cfg.get("text_config") or cfg
     types = {str(cfg.get("model_type", "")), str(text.get("model_type", ""))}

@@ -53,11 +53,11 @@ def cpu_env(base: dict[str, str] | None = None, kv_cache_gib: int = 2) -> dict[s
 
 def target_uses_mla(model: Path) -> bool:
     """True when the checkpoint at ``model`` uses multi-head latent attention (``kv_lora_rank`` in its config)."""
-    f = Path(model) / "config.json"
-    if not f.is_file():
+    from draftsmith.target.checkpoint import read_target_config, target_config_path
+
+    if not target_config_path(model).is_file():
         return False
-    cfg = json.loads(f.read_text())
-    return cfg.get("text_config", cfg).get("kv_lora_rank") is not None
+    return read_target_config(model, text=True).get("kv_lora_rank") is not None
 
 
 def needs_reference_mla(model: Path, dtype: str) -> bool:

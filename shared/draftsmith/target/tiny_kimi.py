@@ -34,6 +34,7 @@ from pathlib import Path
 from draftsmith.errors import ModelError
 from draftsmith.log import get_logger
 from draftsmith.target import tiny_mla
+from draftsmith.target.checkpoint import target_config_path
 
 log = get_logger(__name__)
 
@@ -160,6 +161,7 @@ def make_tiny_kimi(cache_dir: Path, prompts_dir: Path, steps: int = 200, example
         Kimi_K25Config,
         Kimi_K25ForConditionalGeneration,
     )
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
     out = tiny_kimi_dir(cache_dir)
     if tiny_mla.is_current(out, steps=steps, examples=examples, seed=seed, kimi_recipe=RECIPE_VERSION) and not force:
@@ -194,14 +196,14 @@ def make_tiny_kimi(cache_dir: Path, prompts_dir: Path, steps: int = 200, example
         scratch = tmp / "scratch"
         lm.save_pretrained(scratch / "lm")
         Kimi_K25ForConditionalGeneration(cfg).float().save_pretrained(scratch / "kimi")
-        state = _hub_names(load_file(str(scratch / "lm" / "model.safetensors")))
-        state.update({k.removeprefix("model."): v for k, v in load_file(str(scratch / "kimi" / "model.safetensors"))
+        state = _hub_names(load_file(str(scratch / "lm" / SAFE_WEIGHTS_NAME)))
+        state.update({k.removeprefix("model."): v for k, v in load_file(str(scratch / "kimi" / SAFE_WEIGHTS_NAME))
                       .items() if k.removeprefix("model.").startswith(("vision_tower.", "mm_projector."))})
         shutil.rmtree(scratch)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(state, str(tmp / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
         size = sum(v.numel() * v.element_size() for v in state.values())
-        index = {"metadata": {"total_size": size}, "weight_map": {k: "model.safetensors" for k in sorted(state)}}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        index = {"metadata": {"total_size": size}, "weight_map": {k: SAFE_WEIGHTS_NAME for k in sorted(state)}}
+        (tmp / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
         config = cfg.to_dict()
         # the published config names vLLM's class (transformers' own is Kimi_K25ForConditionalGeneration)
         config["architectures"] = ["KimiK25ForConditionalGeneration"]
@@ -209,12 +211,12 @@ def make_tiny_kimi(cache_dir: Path, prompts_dir: Path, steps: int = 200, example
         # the published config's name for the media token, which vLLM's EAGLE-3 proposer reads from a Kimi-K2.5
         # target (transformers' Kimi_K25Config calls it image_token_id)
         config["media_placeholder_token_id"] = ids["<|media_pad|>"]
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        target_config_path(tmp).write_text(json.dumps(config, indent=2) + "\n")
         GenerationConfig(bos_token_id=ids["[BOS]"], eos_token_id=ids["<|im_end|>"],
                          pad_token_id=ids["[EOS]"]).save_pretrained(tmp)
         (tmp / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n")
         _check_loads(tmp)
-        digest = hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest()
+        digest = hashlib.sha256((tmp / SAFE_WEIGHTS_NAME).read_bytes()).hexdigest()
         marker = {"recipe_version": tiny_mla.RECIPE_VERSION, "kimi_recipe": RECIPE_VERSION, "weights_sha256": digest,
                   "steps": steps, "examples": examples, "seed": seed, "final_train_loss": loss,
                   "built_in_s": round(time.time() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
