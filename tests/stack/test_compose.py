@@ -429,3 +429,13 @@ def test_engine_images_are_release_tags_not_latest():
     assert "lmsysorg/sglang:v0.5.19-cu129" in defaults and "lmsysorg/sglang:v0.5.19-cu129" in env
     for image in defaults + env:
         assert ":" in image and not image.endswith(":latest"), image
+
+
+def test_the_target_health_check_is_written_once(compose):
+    """Every target (vLLM, SGLang, the CPU default) checks the engine's /health through one anchor; the CPU target
+    only shortens its interval and start period."""
+    assert COMPOSE.read_text().count("127.0.0.1:8000/health") == 1
+    services = compose["services"]
+    checks = {name: services[name]["healthcheck"] for name in ("target-vllm", "target-sglang", "target-cpu")}
+    assert len({tuple(c["test"]) for c in checks.values()}) == 1
+    assert checks["target-cpu"]["start_period"] == "900s" and checks["target-vllm"]["start_period"] == "1800s"
