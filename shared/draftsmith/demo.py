@@ -71,6 +71,19 @@ class DemoSize:
 RECIPE: dict[str, Any] = {"norm_before_residual": True, "ttt_steps": 3, "batch_size": 4, "min_lr_ratio": 0.1,
                           "loss_rows": "all"}
 
+# The stages of both tiny reasoning targets (the MLA and the Kimi-K2.5-layout sizes), float32 throughout: the MLA
+# path was built and measured in float32 (docs/mla.md)
+TINY_TARGET_STAGES: dict[str, Any] = {
+    "extract": {"compute_dtype": "float32"},
+    "generation": {"max_tokens": 256, "batch_size": 16, "concurrency": 32},
+    # a turn cut inside <think> never generated </think>, which the template renders: drop cut turns
+    "data": {"max_length": 512, "draft_vocab_size": 1024, "require_reasoning": True,
+             "truncated_answers": "drop", "max_drop_rate": 0.5},
+    "train": {"draft_vocab_size": 1024, "epochs": 6, "lr": 2e-3, "batch_size": 8, "batch_tokens": 4096,
+              "precision": "fp32", "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
+    "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},
+}
+
 # The data mix of both SmolLM2 sizes: GSM8K, Self-Instruct, code-completion prompts from Python's
 # standard library and two-turn conversations (scripts/make_prompt_pools.py), in the same proportions; the small
 # demo's mix was measured in vLLM against the old three pools (docs/benchmarks.md: HumanEval 1.09 -> 1.28).
@@ -124,15 +137,7 @@ SIZES: dict[str, DemoSize] = {
             # float32 throughout, on every CPU: the MLA path was built and measured in float32 (docs/mla.md)
             "target": {"enforce_eager": True, "max_model_len": 1024, "kv_cache_gib": 1, "dtype": "float32",
                        "extra_args": ["--reasoning-parser", "deepseek_r1"]},
-            "extract": {"compute_dtype": "float32"},
-            "generation": {"max_tokens": 256, "batch_size": 16, "concurrency": 32},
-            # a turn cut inside <think> never generated </think>, which the template renders: drop cut turns
-            "data": {"max_length": 512, "draft_vocab_size": 1024, "require_reasoning": True,
-                     "truncated_answers": "drop", "max_drop_rate": 0.5},
-            "train": {"draft_vocab_size": 1024, "epochs": 6, "lr": 2e-3, "batch_size": 8, "batch_tokens": 4096,
-                      "precision": "fp32",
-                      "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
-            "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},
+            **TINY_TARGET_STAGES,
         },
         workers=2,
         target="tiny-mla",
@@ -148,14 +153,7 @@ SIZES: dict[str, DemoSize] = {
                        "trust_remote_code": True,
                        "extra_args": ["--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2",
                                       "--mm-encoder-tp-mode", "data", "--language-model-only"]},
-            "extract": {"compute_dtype": "float32"},
-            "generation": {"max_tokens": 256, "batch_size": 16, "concurrency": 32},
-            "data": {"max_length": 512, "draft_vocab_size": 1024, "require_reasoning": True,
-                     "truncated_answers": "drop", "max_drop_rate": 0.5},
-            "train": {"draft_vocab_size": 1024, "epochs": 6, "lr": 2e-3, "batch_size": 8, "batch_tokens": 4096,
-                      "precision": "fp32",
-                      "eval_every": 20, "log_every": 5, "save_every": 50, "warmup_ratio": 0.05},
-            "eval": {"sets": ["gsm8k"], "limit": 4, "max_tokens": 96, "concurrency": 4, "k": 3},
+            **TINY_TARGET_STAGES,
         },
         workers=2,
         target="tiny-kimi",
