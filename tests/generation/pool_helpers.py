@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,11 +55,33 @@ def env_for(s, **extra: str) -> dict[str, str]:
 
 
 def start_pool(s, *args: str, **env: str) -> subprocess.Popen:
-    """A `draftsmith worker` process in its own session (so a test can stop its whole tree)."""
+    """A `draftsmith worker` process in its own session (so a test can stop its whole tree). Its output goes to a
+    file, not a pipe: a pipe nobody reads while the test waits on the pool fills up and blocks the pool's logging;
+    :func:`pool_output` reads it."""
     if "--processes" not in args:
         args = ("--processes", "1", *args)
-    return subprocess.Popen([sys.executable, "-m", "draftsmith", "worker", *args], env=env_for(s, **env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tempfile.TemporaryFile(mode="w+", prefix="draftsmith-pool-")
+    p = subprocess.Popen([sys.executable, "-m", "draftsmith", "worker", *args], env=env_for(s, **env),
+                         stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p.output_file = log
+    return p
+
+
+def pool_output(p: subprocess.Popen) -> str:
+    """Everything a pool started by :func:`start_pool` has printed so far."""
+    p.output_file.seek(0)
+    return p.output_file.read()
+
+
+def wait_pool(p: subprocess.Popen, timeout: float) -> str:
+    """Wait up to ``timeout`` s for a (burst) pool to exit; returns its output. A pool still running then fails the
+    test with its output (stopped first)."""
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        out = stop_pool(p)
+        raise AssertionError(f"the pool was still running after {timeout:.0f} s; its output:\n{out[-4000:]}") from None
+    return pool_output(p)
 
 
 def stop_pool(p: subprocess.Popen) -> str:
@@ -74,7 +97,7 @@ def stop_pool(p: subprocess.Popen) -> str:
     except ProcessLookupError:
         pass
     p.wait(10)
-    return p.stdout.read() if p.stdout else ""
+    return pool_output(p)
 
 
 def wait_for(cond, timeout: float = 60, every: float = 0.1):

@@ -28,6 +28,7 @@ from pool_helpers import (
     start_pool,
     stop_pool,
     wait_for,
+    wait_pool,
     workers_of,
     write_prompts_source,
 )
@@ -68,7 +69,7 @@ def test_extract_pool_does_not_change_the_generators_cap(tmp_path, redis_url):
     s = settings_for(tmp_path, redis_url, "http://127.0.0.1:9")
     for args in (["--queues", "generate", "--concurrency", "7"], ["--queues", "extract", "--concurrency", "1"]):
         p = start_pool(s, "--burst", "--metrics-port", "0", *args)
-        out = stop_pool(p) if p.wait(120) is None else p.stdout.read()
+        out = wait_pool(p, 120)
         assert p.returncode == 0, out
     cap = InflightCap(redis.Redis.from_url(redis_url), "dstest", 128, stage="generate")
     assert cap.cap() == 7
@@ -146,8 +147,7 @@ def test_job_timeout_keeps_the_finished_answers(tmp_path, redis_url):
     try:
         enqueue(s, str(src), None, 3, say=lambda m: None)
         p = start_pool(s, "--burst", "--metrics-port", "0")
-        p.wait(120)
-        out = p.stdout.read()
+        out = wait_pool(p, 120)
     finally:
         stub.close()
     recs = list(iter_records(Path(s.runs_dir) / "t" / "records"))
@@ -171,7 +171,7 @@ def test_no_secret_travels_in_job_kwargs_and_the_worker_uses_its_own(tmp_path, r
         assert len(datas) == 1 and b'"prompt_ids"' in datas[0]
         assert b"sk-very-secret-key" not in datas[0] and b'"api_key": null' in datas[0]
         p = start_pool(s, "--burst", "--metrics-port", "0", DRAFTSMITH_TARGET__API_KEY="sk-very-secret-key")
-        p.wait(120)
+        wait_pool(p, 120)
         assert stub.stats()["auth"] == "Bearer sk-very-secret-key"
     finally:
         stub.close()
