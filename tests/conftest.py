@@ -170,9 +170,11 @@ def shared_vllm(embedded_target: Path, tmp_path_factory):
     """The session's one vLLM CPU server on the embedded target (no drafter), as a :class:`SharedServer`."""
     from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
 
+    # eager, as every other server of the suite: torch.compile's warm-up cost 130-200 CPU-seconds on a cold cache
+    # (a fresh CI machine) on a suite that keeps both cores busy, more than the few dozen short answers it serves save
     def start():
         spec = VLLMServerSpec(model=embedded_target, served_name=EMBEDDED_NAME, port=free_port(), max_model_len=4096,
-                              kv_cache_gib=2)
+                              kv_cache_gib=2, enforce_eager=True)
         return VLLMServer(spec, tmp_path_factory.mktemp("vllm") / "server.log").start(timeout_s=900)
 
     shared = SharedServer(start)

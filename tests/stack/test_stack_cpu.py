@@ -224,7 +224,8 @@ def test_stack_cpu_end_to_end(stack):
     # 5. train (tiny) in the trainer's one-off container, export in the generator, then serve the drafter
     #    (DRAFTER_DIR in .env, make up recreates the target) and measure its acceptance in the evaluator's container
     t0 = time.time()
-    sh([*mk, "train", "JOB_ENV=-e DRAFTSMITH_TRAIN__MAX_STEPS=12 -e DRAFTSMITH_TRAIN__EVAL_EVERY=6"], env, timeout=1200)
+    sh([*mk, "train", "JOB_ENV=-e DRAFTSMITH_TRAIN__MAX_STEPS=12 -e DRAFTSMITH_TRAIN__EVAL_EVERY=6 "
+                "-e DRAFTSMITH_TRAIN__BATCH_TOKENS=1024 -e DRAFTSMITH_TRAIN__TTT_STEPS=3"], env, timeout=1200)
     assert list((runs / RUN / "checkpoints").glob("*/model.safetensors")), "train wrote no checkpoint"
     sh([*mk, "export"], env)
     assert (runs / RUN / "export" / "eagle3" / "config.json").is_file(), "export wrote no eagle3 layout"
