@@ -19,8 +19,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def test_peer_quick_prints_both_sides_the_ratio_and_its_interval(tmp_path, embedded_target):
+    # 1,137 s in CI beside other tests, 1,500+ s on a slower 2-core machine: the peer's CPU training dominates
+    # (docs/benchmarks.md); the bound is for a hung run, not a speed claim
     p = subprocess.run([sys.executable, str(REPO / "bench" / "peer.py"), "--quick", "--keep", str(tmp_path / "w")],
-                       capture_output=True, text=True, timeout=1500, cwd=REPO)
+                       capture_output=True, text=True, timeout=2400, cwd=REPO)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
     sides = dict(re.findall(r"^(draftsmith|speculators): acceptance length ([\d.]+)", p.stdout, re.M))
