@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,6 +27,7 @@ from draftsmith.generation.progress import snapshot
 from draftsmith.generation.store import done_ids, iter_records
 from draftsmith.jobqueue.queues import get_queue
 from draftsmith.target.server import free_port
+from pool_helpers import pool_output
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = str(REPO / "data" / "prompts" / "gsm8k_train.jsonl")
@@ -49,9 +51,14 @@ def env_for(s) -> dict[str, str]:
 
 
 def start_worker(s, *extra: str, processes: int = 1) -> subprocess.Popen:
+    """A `draftsmith worker` in its own session, its output in a file (a pipe nobody reads while the test waits
+    would block the pool once full; :func:`pool_helpers.pool_output` reads it)."""
     cmd = [sys.executable, "-m", "draftsmith", "worker", "--processes", str(processes), *extra]
-    return subprocess.Popen(cmd, env=env_for(s), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    log = tempfile.TemporaryFile(mode="w+", prefix="draftsmith-pool-")
+    proc = subprocess.Popen(cmd, env=env_for(s), stdout=log, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    proc.output_file = log
+    return proc
 
 
 def run_burst(s) -> str:
@@ -69,7 +76,7 @@ def stop(proc: subprocess.Popen) -> str:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-    return proc.stdout.read() if proc.stdout else ""
+    return pool_output(proc)
 
 
 def wait_for(cond, timeout=300, every=0.2):
