@@ -39,7 +39,7 @@ def test_mfu_needs_a_known_peak():
 
 
 def test_progress_line_shows_grad_norm_step_time_memory_and_mfu():
-    from draftsmith.drafter.trainer import StepTiming, progress_line
+    from draftsmith.drafter.progress import StepTiming, progress_line
     from draftsmith.drafter.ttt import StepStats
 
     st = StepStats.of([2.0, 4.0], [1.0, 2.0], [1.0, 1.0], [2.0, 2.0])

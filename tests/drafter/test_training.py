@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 from draftsmith.drafter.checkpoint import list_checkpoints, model_state
-from draftsmith.drafter.trainer import Trainer, progress_line
+from draftsmith.drafter.progress import progress_line
+from draftsmith.drafter.trainer import Trainer
 from draftsmith.drafter.ttt import StepStats
 from draftsmith.errors import DataError, ModelError, TrainingError
 from draftsmith.precision import native_bf16

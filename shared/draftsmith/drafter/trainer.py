@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import time
 from contextlib import closing
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,9 +36,11 @@ from draftsmith.drafter.checkpoint import (
 )
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches
+from draftsmith.drafter.distributed import all_sum, setup_distributed
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
 from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_memory_workers
 from draftsmith.drafter.model import Eagle3Drafter
+from draftsmith.drafter.progress import StepTiming, peak_memory_gb, progress_line
 from draftsmith.drafter.ttt import StepStats, draft_rows, target_view, ttt_loss
 from draftsmith.drafter.ttt_attention import set_ttt_attention
 from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
@@ -94,86 +94,6 @@ def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p))
 
     return f
-
-
-@dataclass
-class Dist:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(device: str) -> Dist:
-    """Join the torchrun process group when ``WORLD_SIZE > 1`` (gloo on CPU, NCCL on GPU)."""
-    want_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if want_cuda else "gloo")
-    if want_cuda:
-        dev = torch.device(f"cuda:{local}" if device in ("auto", "cuda") else device)
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
-    return Dist(rank, world, dev)
-
-
-def _all_sum(t: torch.Tensor, dist: Dist) -> torch.Tensor:
-    if dist.world > 1:
-        t = t.to(dist.device)
-        torch.distributed.all_reduce(t)
-    return t.cpu()
-
-
-def _fmt_s(s: float) -> str:
-    s = int(max(0, s))
-    return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-@dataclass
-class StepTiming:
-    """What the progress line adds beyond the losses: the last gradient norm, seconds per optimizer step, the peak
-    memory of the process (GB: ``torch.cuda.max_memory_allocated`` on a GPU, the resident high-water mark on a CPU)
-    and the model FLOPs utilisation (None where the device's peak is unknown; :mod:`draftsmith.drafter.flops`)."""
-
-    grad_norm: float | None = None
-    step_s: float | None = None
-    peak_gb: float | None = None
-    mfu: float | None = None
-
-
-def peak_memory_gb(device: torch.device) -> float:
-    """Peak memory of this process so far, in GB: allocated by torch on a GPU, resident (``ru_maxrss``) on a CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1e9
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
-
-
-def progress_line(step: int, total: int, epoch: int, st: StepStats, lr: float, tps: float, elapsed: float,
-                  timing: StepTiming | None = None) -> str:
-    """The fixed-format progress line (one per interval)."""
-    eta = elapsed / max(step, 1) * (total - step)
-    accs = "/".join(f"{a:.3f}" for a in st.accs)
-    t = timing or StepTiming()
-    extra = ""
-    if t.grad_norm is not None:
-        extra += f"grad_norm {t.grad_norm:.3f} "
-    if t.step_s is not None:
-        extra += f"step_s {t.step_s:.2f} "
-    if t.peak_gb is not None:
-        extra += f"peak_mem {t.peak_gb:.2f} GB "
-    if t.mfu is not None:
-        extra += f"mfu {100 * t.mfu:.1f}% "
-    return (f"step {step:>7d}/{total} epoch {epoch} loss {sum(st.losses) / max(len(st.losses), 1):.4f} "
-            f"acc {accs} accept_len {st.acceptance_length:.3f} lr {lr:.3e} tok/s {tps:,.0f} {extra}"
-            f"elapsed {_fmt_s(elapsed)} eta {_fmt_s(eta)}")
 
 
 class Trainer:
@@ -424,7 +344,7 @@ class Trainer:
             elif self.sharded:
                 self._forward(self._standin(), self.objective)
         self.objective.train()
-        return StepStats.from_tensor(_all_sum(self._sums(total), self.dist))
+        return StepStats.from_tensor(all_sum(self._sums(total), self.dist))
 
     def _sums(self, stats: StepStats) -> torch.Tensor:
         """``[4, k]`` of ``stats``, zeros when no batch was added (every rank joins the all-reduce)."""
@@ -579,7 +499,7 @@ class Trainer:
                     if self.step % tc.eval_every == 0 and self.held_ids:
                         held = self.evaluate()
                     if self.step % tc.log_every == 0 or self.step == self.total_steps:
-                        red = StepStats.from_tensor(_all_sum(self._sums(interval), self.dist))
+                        red = StepStats.from_tensor(all_sum(self._sums(interval), self.dist))
                         gn = float(last_gnorm)
                         metrics.TRAIN_GRAD_NORM.labels(self.s.run).set(gn)
                         timing = StepTiming(grad_norm=gn, step_s=(time.time() - t_int) / max(steps_in_interval, 1),
@@ -599,7 +519,7 @@ class Trainer:
             if tc.max_steps is None and self.epoch >= tc.epochs:
                 break
         if not interval.empty:
-            last_train = StepStats.from_tensor(_all_sum(self._sums(interval), self.dist))
+            last_train = StepStats.from_tensor(all_sum(self._sums(interval), self.dist))
         train_s = time.time() - t0  # before the held-out pass, which moves no training tokens
         held = self.evaluate() if self.held_ids else None
         self._report(last_train, run_tokens * self.dist.world, train_s, t0, held, line=False)
