@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.target.server import VLLMServer
+from draftsmith.target.server import VLLMServer, cpu_env
 
 STUB = r"""
 import http.server, sys, time
@@ -38,6 +38,9 @@ class StubSpec:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return cpu_env(kv_cache_gib=self.kv_cache_gib)
 
     def command(self) -> list[str]:
         return [sys.executable, "-c", STUB, str(self.port), "slow" if self.slow else "fast"]

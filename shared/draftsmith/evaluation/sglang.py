@@ -49,11 +49,17 @@ class SGLangServerSpec:
     mem_fraction_static: float | None = None
     extra_args: tuple[str, ...] = ()
     trust_remote_code: bool = False
-    kv_cache_gib: int = 2  # read by the process helper it shares with vLLM (draftsmith.target.server); unused here
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The server's environment (read by the process helper it shares with vLLM, draftsmith.target.server):
+        this process's, with the hub turned off as for vLLM."""
+        from draftsmith.target.server import cpu_env
+
+        return cpu_env()
 
     def command(self) -> list[str]:
         """``python -m sglang.launch_server`` with the EAGLE-3 flags and ``--enable-metrics``.

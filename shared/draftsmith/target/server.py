@@ -122,7 +122,33 @@ class VLLMServerSpec:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
         if self.needs_reference_mla():
             cmd += ["--attention-backend", "CPU_MLA"]
+        if self.single_process():
+            cmd += ["--distributed-executor-backend", "uni"]
         return cmd + list(self.extra_args)
+
+    def single_process(self) -> bool:
+        """True when the model runs inside vLLM's engine process (its ``uni`` executor, with
+        ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in :meth:`env`): no tensor parallelism and no executor in
+        ``extra_args``.
+
+        Why: vLLM's CPU build otherwise runs the model in a worker process of its own, and the engine process waits
+        for each step's result by spinning on a shared-memory queue (``sched_yield`` for 1 s after every read), so an
+        answering server kept two cores busy for one core's work. Measured on a 2-core EPYC with the embedded target
+        (20 greedy answers of 64 tokens, eager, one OpenMP thread): 20.7 tok/s on 121 CPU-seconds per 62 s with the
+        worker process, 21.2 tok/s on 61 CPU-seconds per 60 s in one process; ready in 26 s instead of 46
+        (docs/benchmarks.md)."""
+        args = list(self.extra_args)
+        for flag in ("--tensor-parallel-size", "-tp"):
+            if flag in args and args.index(flag) + 1 < len(args) and args[args.index(flag) + 1] != "1":
+                return False
+        return not any(a.startswith(("--distributed-executor-backend", "--tensor-parallel-size=")) for a in args)
+
+    def env(self) -> dict[str, str]:
+        """The server's environment: :func:`cpu_env`, and the engine in one process when :meth:`single_process`."""
+        env = cpu_env(kv_cache_gib=self.kv_cache_gib)
+        if self.single_process():
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # vLLM's CPU platform turns `uni` into `mp` without it
+        return env
 
     def needs_reference_mla(self) -> bool:
         """:func:`needs_reference_mla` for this server; an ``--attention-backend`` in ``extra_args`` wins."""
@@ -148,6 +174,9 @@ atexit.register(stop_all_servers)
 
 class VLLMServer:
     """A vLLM CPU server in a child process group; a context manager that stops it on exit.
+
+    ``spec`` is a :class:`VLLMServerSpec` or anything with its ``command()``, ``env()`` and ``url`` (the SGLang
+    evaluator's :class:`draftsmith.evaluation.sglang.SGLangServerSpec` is started the same way).
 
     The server runs in a process group of its own (a Ctrl-C in the terminal reaches only draftsmith, which then
     stops it in order), so the parent must stop it on every way out: :meth:`start` makes SIGTERM and SIGHUP raise
@@ -178,7 +207,7 @@ class VLLMServer:
         log.info("starting vLLM: %s", " ".join(cmd[1:]))
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            cmd, stdout=logf, stderr=subprocess.STDOUT, env=cpu_env(kv_cache_gib=self.spec.kv_cache_gib),
+            cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.spec.env(),
             start_new_session=True,
         )
         logf.close()
