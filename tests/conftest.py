@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
+import running_file
 from shared_server import SharedServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +83,7 @@ def work_unit(item) -> str:
 
 
 def pytest_configure(config):
+    running_file.register(config)  # what runs now and what took longest, for CI's log (tests/running_file.py)
     if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
         fd, path = tempfile.mkstemp(prefix="draftsmith-xdist-units-", suffix=".json")
         os.close(fd)
