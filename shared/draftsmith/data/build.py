@@ -20,7 +20,7 @@ from draftsmith.artifacts import data as artifact
 from draftsmith.artifacts.data import DATA_SCHEMA
 from draftsmith.artifacts.storage import atomic_write_bytes
 from draftsmith.config import DataConfig
-from draftsmith.data.records import Skip, iter_records, record_files
+from draftsmith.data.records import RecordNotes, Skip, iter_records, record_files
 from draftsmith.data.render import (
     ChatRenderer,
     Sample,
@@ -124,6 +124,211 @@ def target_vocab_size(tok, tokenizer_path: Path) -> int:
     return v
 
 
+@dataclass
+class BuildStats:
+    """The counters of one build, as ``stats.json`` reports them (:meth:`to_json`).
+
+    Attributes:
+        records: record lines read (usable or not). turns_checked / turns_mismatched: generated spans compared with
+            the server's ids / not token-exact. prompts_checked / prompts_mismatched: the same for the prompts the
+            server reported. truncations: samples cut to ``data.max_length``. tokens / supervised: tokens of the
+            kept samples / of them under the loss mask.
+        dropped: records dropped, by reason. dropped_turns: turns left out of records that still gave samples.
+        flags: records carrying each flag. lengths: token length of every kept sample.
+        mismatches: the first :data:`MAX_REPORTED_MISMATCHES` mismatches.
+    """
+
+    records: int = 0
+    turns_checked: int = 0
+    turns_mismatched: int = 0
+    prompts_checked: int = 0
+    prompts_mismatched: int = 0
+    truncations: int = 0
+    tokens: int = 0
+    supervised: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    dropped_turns: Counter[str] = field(default_factory=Counter)
+    flags: Counter[str] = field(default_factory=Counter)
+    lengths: list[int] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def mismatch_rate(self) -> float:
+        """Share of the compared spans and prompts that are not token-exact (0 when nothing was compared)."""
+        checked = self.turns_checked + self.prompts_checked
+        return (self.turns_mismatched + self.prompts_mismatched) / checked if checked else 0.0
+
+    @property
+    def drop_rate(self) -> float:
+        """Share of the record lines dropped."""
+        return sum(self.dropped.values()) / self.records if self.records else 0.0
+
+    def failure(self, cfg: DataConfig, records_dir: Path) -> DataError | None:
+        """Why this build must not be used (no record, mismatch or drop rate above its threshold), else None."""
+        if self.records == 0:
+            return DataError(f"the record shards in {records_dir} hold no record", "check the generation run")
+        if self.mismatch_rate > cfg.max_mismatch_rate:
+            return DataError(
+                f"{self.turns_mismatched} of {self.turns_checked} turns are not token-exact"
+                + (f", {self.prompts_mismatched} of {self.prompts_checked} prompts differ from the server's"
+                   if self.prompts_checked else "")
+                + f" (rate {self.mismatch_rate:.4f} > "
+                f"data.max_mismatch_rate {cfg.max_mismatch_rate}); first: {self.mismatches[0].describe()}",
+                "render reasoning with the target's template (see docs/data.md) or fix the records",
+            )
+        if self.drop_rate > cfg.max_drop_rate:
+            return DataError(
+                f"{sum(self.dropped.values())} of {self.records} records dropped (rate {self.drop_rate:.4f} > "
+                f"data.max_drop_rate {cfg.max_drop_rate}): {dict(self.dropped)}",
+                f"see {artifact.STATS_FILE} dropped_by_reason, fix the cause or raise data.max_drop_rate",
+            )
+        return None
+
+    def to_json(self, reasoning_mode: str, seconds: float, load_seconds: float) -> dict[str, Any]:
+        """``stats.json`` (docs/formats.md §3)."""
+        return {
+            "schema": artifact.STATS_SCHEMA,
+            "records": self.records,
+            "samples": len(self.lengths),
+            "tokens": self.tokens,
+            "supervised_tokens": self.supervised,
+            "dropped": sum(self.dropped.values()),
+            "dropped_by_reason": dict(sorted(self.dropped.items())),
+            "dropped_turns_by_reason": dict(sorted(self.dropped_turns.items())),
+            "drop_rate": round(self.drop_rate, 6),
+            "truncations": self.truncations,
+            "flagged": dict(sorted(self.flags.items())),
+            "turns_checked": self.turns_checked,
+            "turns_mismatched": self.turns_mismatched,
+            "prompts_checked": self.prompts_checked,
+            "prompts_mismatched": self.prompts_mismatched,
+            "mismatch_rate": round(self.mismatch_rate, 6),
+            "mismatches": [m.to_dict() for m in self.mismatches],
+            "length_histogram": _histogram(self.lengths),
+            "reasoning_mode": reasoning_mode,
+            "seconds": round(seconds, 3),
+            "load_seconds": round(load_seconds, 3),
+        }
+
+
+class _Builder:
+    """The per-record steps of a build: check the model, drop cut answers, render, validate (reading a record's
+    turns again from their ids when the server's parser dropped text), cut to length, pack."""
+
+    def __init__(self, tok, renderer: ChatRenderer, vsize: int, cfg: DataConfig, writer: _ShardWriter,
+                 expected_model: str | None) -> None:
+        self.tok, self.renderer, self.vsize, self.cfg, self.writer = tok, renderer, vsize, cfg, writer
+        self.expected_model = expected_model
+        self.stats = BuildStats()
+
+    def process(self, chunk: list[tuple[dict[str, Any], RecordNotes]]) -> None:
+        """Render a chunk of records, tokenize their texts in one batch, then assemble and keep each record's
+        samples."""
+        planned: list[tuple[dict[str, Any], RecordNotes, list[tuple[str, str]]]] = []
+        for rec, notes in chunk:
+            reason = self._refused(rec, notes)
+            if reason:
+                self.stats.dropped[reason] += 1
+                continue
+            try:
+                planned.append((rec, notes, self.renderer.texts(rec, notes)))
+            except SampleSkip as e:
+                log.debug("skip %s: %s", rec["id"], e)
+                self.stats.dropped[e.reason] += 1
+        flat = self.renderer.encode([t for _, _, pairs in planned for pf in pairs for t in pf])
+        i = 0
+        for rec, notes, pairs in planned:
+            ids = [(flat[i + 2 * k], flat[i + 2 * k + 1]) for k in range(len(pairs))]
+            i += 2 * len(pairs)
+            try:
+                self._emit(rec, notes, self.renderer.assemble(rec, ids, notes))
+            except SampleSkip as e:
+                self.stats.dropped[e.reason] += 1
+
+    def _refused(self, rec: dict[str, Any], notes: RecordNotes) -> str | None:
+        """The drop reason of a record refused before rendering (a cut answer under ``truncated_answers: drop``).
+
+        Raises:
+            DataError: the record was generated by another model than the tokenizer's.
+        """
+        cfg = self.cfg
+        if self.expected_model and cfg.check_model and rec.get("model") != self.expected_model:
+            raise DataError(
+                f"record {rec['id']} ({notes.where}) was generated by {rec.get('model')!r}, but the tokenizer "
+                f"is {self.expected_model!r}",
+                "point data.tokenizer / target.path at that model's checkpoint, or set target.model to its name",
+            )
+        if cfg.truncated_answers == "drop" and any(t.get("finish_reason") == "length" for t in rec["turns"]):
+            return "truncated_answer"
+        if cfg.truncated_answers == "drop" and unclosed_reasoning(rec):
+            return "unclosed_reasoning"
+        return None
+
+    def _validated(self, rec: dict[str, Any], notes: RecordNotes, samples: list[Sample]):
+        """``(samples, mismatches)`` of a record; where only generated spans mismatch, the turns read again from
+        their ids when that makes every sample token-exact (flag ``reparsed_from_ids``)."""
+        bad = [mm for s in samples for mm in validate_sample(s, self.tok)]
+        if bad and all(mm.side != "prompt" for mm in bad):
+            again = self.renderer.reparse_from_ids(rec)
+            if again is not None:
+                again_notes = RecordNotes(notes.where, notes.partial)
+                try:
+                    samples2 = self.renderer.render_notes(again, again_notes)
+                except SampleSkip:
+                    samples2 = []
+                if samples2 and not any(validate_sample(s, self.tok) for s in samples2):
+                    notes.flags += [*again_notes.flags, "reparsed_from_ids"]
+                    notes.dropped_turns[:] = again_notes.dropped_turns
+                    return samples2, []
+        return samples, bad
+
+    def _emit(self, rec: dict[str, Any], notes: RecordNotes, samples: list[Sample]) -> None:
+        """Validate a record's samples, count what it gives or why it is dropped, and pack what is kept."""
+        st, cfg = self.stats, self.cfg
+        samples, bad = self._validated(rec, notes, samples)
+        st.turns_checked += sum(sp.expected is not None for s in samples for sp in s.spans)
+        st.prompts_checked += sum(t.get("prompt_token_ids") is not None for t in rec["turns"])
+        st.turns_mismatched += sum(mm.side != "prompt" for mm in bad)
+        if bad:
+            for mm in bad:
+                log.warning("token mismatch: %s", mm.describe())
+            st.mismatches.extend(bad[: max(0, MAX_REPORTED_MISMATCHES - len(st.mismatches))])
+            st.prompts_mismatched += sum(mm.side == "prompt" for mm in bad)
+            st.dropped["prompt_mismatch" if any(mm.side == "prompt" for mm in bad) else "token_mismatch"] += 1
+            return
+        if not samples:
+            st.dropped[(notes.dropped_turns or ["no_supervised_tokens"])[0]] += 1
+            return
+        st.dropped_turns.update(notes.dropped_turns)
+        if notes.partial:
+            st.dropped_turns[f"record_error:{notes.partial}"] += 1
+            st.flags["partial_record"] += 1
+        st.flags.update({f for s in samples for f in s.flags} | set(notes.flags))
+        if cfg.require_reasoning and any("empty_reasoning" in s.flags for s in samples):
+            st.dropped["empty_reasoning"] += 1
+            return
+        kept = [s for s in (self._fit(s) for s in samples) if s is not None]
+        for j, s in enumerate(kept):
+            self.writer.add(rec["id"] if len(kept) == 1 else f"{rec['id']}#{j}", s, self.vsize)
+            st.lengths.append(len(s.input_ids))
+            st.tokens += len(s.input_ids)
+            st.supervised += sum(s.loss_mask)
+
+    def _fit(self, s: Sample) -> Sample | None:
+        """The sample cut to ``data.max_length`` (or None, dropped, under ``too_long: drop``); None when nothing
+        of it is supervised."""
+        if len(s.input_ids) > self.cfg.max_length:
+            if self.cfg.too_long == "drop":
+                self.stats.dropped["too_long"] += 1
+                return None
+            s.input_ids, s.loss_mask = s.input_ids[: self.cfg.max_length], s.loss_mask[: self.cfg.max_length]
+            self.stats.truncations += 1
+        if not any(s.loss_mask):
+            self.stats.dropped["no_supervised_tokens"] += 1
+            return None
+        return s
+
+
 def build_data(
     records_dir: Path,
     out_dir: Path,
@@ -167,177 +372,40 @@ def build_data(
         for old in artifact.output_files(out_dir):
             old.unlink(missing_ok=True)
     writer = _ShardWriter(out_dir, cfg.shard_samples, not check_only)
-    dropped: Counter[str] = Counter()
-    dropped_turns: Counter[str] = Counter()  # turns left out of records that still gave samples
-    flags: Counter[str] = Counter()
-    mismatches: list[Mismatch] = []
-    n = {"records": 0, "turns_checked": 0, "turns_mismatched": 0, "truncations": 0, "tokens": 0, "supervised": 0,
-         "prompts_checked": 0, "prompts_mismatched": 0}
-    lengths: list[int] = []
-
-    def emit(rec: dict[str, Any], samples: list[Sample]) -> None:
-        bad = [mm for s in samples for mm in validate_sample(s, tok)]
-        if bad and all(mm.side != "prompt" for mm in bad):
-            # the server's parser may have dropped generated text: read the turns again from their ids
-            again = renderer.reparse_from_ids(rec)
-            if again is not None:
-                try:
-                    samples2 = renderer.render(again)
-                except SampleSkip:
-                    samples2 = []
-                if samples2 and not any(validate_sample(s, tok) for s in samples2):
-                    rec, samples, bad = again, samples2, []
-                    rec["_flags"] = [*rec.get("_flags", []), "reparsed_from_ids"]
-        n["turns_checked"] += sum(sp.expected is not None for s in samples for sp in s.spans)
-        n["prompts_checked"] += sum(t.get("prompt_token_ids") is not None for t in rec["turns"])
-        n["turns_mismatched"] += sum(mm.side != "prompt" for mm in bad)
-        if bad:
-            for mm in bad:
-                log.warning("token mismatch: %s", mm.describe())
-            mismatches.extend(bad[: max(0, MAX_REPORTED_MISMATCHES - len(mismatches))])
-            prompt_side = any(mm.side == "prompt" for mm in bad)
-            n["prompts_mismatched"] += sum(mm.side == "prompt" for mm in bad)
-            dropped["prompt_mismatch" if prompt_side else "token_mismatch"] += 1
-            return
-        if not samples:
-            reasons = rec.get("_dropped_turns") or ["no_supervised_tokens"]
-            dropped[reasons[0]] += 1
-            return
-        for reason in rec.get("_dropped_turns", []):
-            dropped_turns[reason] += 1
-        if rec.get("_partial"):
-            dropped_turns[f"record_error:{rec['_partial']}"] += 1
-            flags["partial_record"] += 1
-        for f in {f for s in samples for f in s.flags} | set(rec.get("_flags", [])):
-            flags[f] += 1
-        if cfg.require_reasoning and any("empty_reasoning" in s.flags for s in samples):
-            dropped["empty_reasoning"] += 1
-            return
-        kept = []
-        for s in samples:
-            if len(s.input_ids) > cfg.max_length:
-                if cfg.too_long == "drop":
-                    dropped["too_long"] += 1
-                    continue
-                s.input_ids, s.loss_mask = s.input_ids[: cfg.max_length], s.loss_mask[: cfg.max_length]
-                n["truncations"] += 1
-            if not any(s.loss_mask):
-                dropped["no_supervised_tokens"] += 1
-                continue
-            kept.append(s)
-        for j, s in enumerate(kept):
-            writer.add(rec["id"] if len(kept) == 1 else f"{rec['id']}#{j}", s, vsize)
-            lengths.append(len(s.input_ids))
-            n["tokens"] += len(s.input_ids)
-            n["supervised"] += sum(s.loss_mask)
-
-    def process(chunk: list[dict[str, Any]]) -> None:
-        planned: list[tuple[dict[str, Any], list[tuple[str, str]]]] = []
-        for rec in chunk:
-            if expected_model and cfg.check_model and rec.get("model") != expected_model:
-                raise DataError(
-                    f"record {rec['id']} ({rec['_where']}) was generated by {rec.get('model')!r}, but the tokenizer "
-                    f"is {expected_model!r}",
-                    "point data.tokenizer / target.path at that model's checkpoint, or set target.model to its name",
-                )
-            if cfg.truncated_answers == "drop" and any(t.get("finish_reason") == "length" for t in rec["turns"]):
-                dropped["truncated_answer"] += 1
-                continue
-            if cfg.truncated_answers == "drop" and unclosed_reasoning(rec):
-                dropped["unclosed_reasoning"] += 1
-                continue
-            try:
-                planned.append((rec, renderer.texts(rec)))
-            except SampleSkip as e:
-                log.debug("skip %s: %s", rec["id"], e)
-                dropped[e.reason] += 1
-        flat = renderer.encode([t for _, pairs in planned for pf in pairs for t in pf])
-        i = 0
-        for rec, pairs in planned:
-            ids = [(flat[i + 2 * k], flat[i + 2 * k + 1]) for k in range(len(pairs))]
-            i += 2 * len(pairs)
-            try:
-                emit(rec, renderer.assemble(rec, ids))
-            except SampleSkip as e:
-                dropped[e.reason] += 1
-
-    chunk: list[dict[str, Any]] = []
+    builder = _Builder(tok, renderer, vsize, cfg, writer, expected_model)
+    st = builder.stats
+    chunk: list[tuple[dict[str, Any], RecordNotes]] = []
     for item in iter_records(files):
-        n["records"] += 1
+        st.records += 1
         if isinstance(item, Skip):
             log.debug("skip %s: %s", item.where, item.reason)
-            dropped[item.reason] += 1
+            st.dropped[item.reason] += 1
             continue
         chunk.append(item)
         if len(chunk) >= CHUNK:
-            process(chunk)
+            builder.process(chunk)
             chunk = []
-            if n["records"] % (CHUNK * 8) == 0:
-                log.info("records %d, samples %d, dropped %d", n["records"], len(lengths), sum(dropped.values()))
-    process(chunk)
+            if st.records % (CHUNK * 8) == 0:
+                log.info("records %d, samples %d, dropped %d", st.records, len(st.lengths), sum(st.dropped.values()))
+    builder.process(chunk)
     writer.flush(vsize)
 
-    n_dropped = sum(dropped.values())
-    checked = n["turns_checked"] + n["prompts_checked"]  # generated spans and prompts compared with the server's
-    mismatch_rate = (n["turns_mismatched"] + n["prompts_mismatched"]) / checked if checked else 0.0
-    drop_rate = n_dropped / n["records"] if n["records"] else 0.0
-    stats: dict[str, Any] = {
-        "schema": artifact.STATS_SCHEMA,
-        "records": n["records"],
-        "samples": len(lengths),
-        "tokens": n["tokens"],
-        "supervised_tokens": n["supervised"],
-        "dropped": n_dropped,
-        "dropped_by_reason": dict(sorted(dropped.items())),
-        "dropped_turns_by_reason": dict(sorted(dropped_turns.items())),
-        "drop_rate": round(drop_rate, 6),
-        "truncations": n["truncations"],
-        "flagged": dict(sorted(flags.items())),
-        "turns_checked": n["turns_checked"],
-        "turns_mismatched": n["turns_mismatched"],
-        "prompts_checked": n["prompts_checked"],
-        "prompts_mismatched": n["prompts_mismatched"],
-        "mismatch_rate": round(mismatch_rate, 6),
-        "mismatches": [m.to_dict() for m in mismatches],
-        "length_histogram": _histogram(lengths),
-        "reasoning_mode": renderer.reasoning_mode,
-        "seconds": round(time.monotonic() - t0, 3),
-        "load_seconds": round(t_loaded - t0, 3),
-    }
-    failure = None
-    if n["records"] == 0:
-        failure = DataError(f"the record shards in {records_dir} hold no record", "check the generation run")
-    elif mismatch_rate > cfg.max_mismatch_rate:
-        failure = DataError(
-            f"{n['turns_mismatched']} of {n['turns_checked']} turns are not token-exact"
-            + (f", {n['prompts_mismatched']} of {n['prompts_checked']} prompts differ from the server's"
-               if n["prompts_checked"] else "")
-            + f" (rate {mismatch_rate:.4f} > "
-            f"data.max_mismatch_rate {cfg.max_mismatch_rate}); first: {mismatches[0].describe()}",
-            "render reasoning with the target's template (see docs/data.md) or fix the records",
-        )
-    elif drop_rate > cfg.max_drop_rate:
-        failure = DataError(
-            f"{n_dropped} of {n['records']} records dropped (rate {drop_rate:.4f} > data.max_drop_rate "
-            f"{cfg.max_drop_rate}): {dict(dropped)}",
-            f"see {artifact.STATS_FILE} dropped_by_reason, fix the cause or raise data.max_drop_rate",
-        )
+    stats = st.to_json(renderer.reasoning_mode, time.monotonic() - t0, t_loaded - t0)
+    failure = st.failure(cfg, records_dir)
     if failure is not None:
         stats["failed"] = str(failure)
     if check_only:
         if failure:
             raise failure
-        return BuildResult(stats, mismatches)
+        return BuildResult(stats, st.mismatches)
     artifact.write_stats(out_dir, stats)
     if failure:
         raise failure
     manifest = _finish(out_dir, writer, tok, tokenizer_path, expected_model, cfg, vsize, config_dump)
-    log.info(
-        "built %d samples (%d tokens, %d supervised) from %d records; dropped %d %s; %.1f s",
-        stats["samples"], stats["tokens"], stats["supervised_tokens"], n["records"], n_dropped, dict(dropped),
-        stats["seconds"],
-    )
-    return BuildResult(stats, mismatches, manifest)
+    log.info("built %d samples (%d tokens, %d supervised) from %d records; dropped %d %s; %.1f s", stats["samples"],
+             stats["tokens"], stats["supervised_tokens"], st.records, stats["dropped"], dict(st.dropped),
+             stats["seconds"])
+    return BuildResult(stats, st.mismatches, manifest)
 
 
 def _finish(out_dir, writer, tok, tokenizer_path, expected_model, cfg, vsize, config_dump) -> dict[str, Any]:

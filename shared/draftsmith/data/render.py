@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftsmith.data.records import RecordNotes
 from draftsmith.errors import DataError, ModelError
 from draftsmith.log import get_logger
 
@@ -294,18 +295,18 @@ class ChatRenderer:
             m["content"] = raw
         return new
 
-    def texts(self, rec: dict[str, Any]) -> list[tuple[str, str]]:
+    def texts(self, rec: dict[str, Any], notes: RecordNotes | None = None) -> list[tuple[str, str]]:
         """``[(P_k, F_k[len(P_k):])]``: prompt text and turn text of every assistant turn k (see the module doc).
 
-        Reasoning left inline in the content is split out first (:meth:`split_inline_reasoning`; the record gets
-        ``_flags = ["inline_reasoning"]``).
+        Reasoning left inline in the content is split out first (:meth:`split_inline_reasoning`; ``notes`` gets the
+        flag ``inline_reasoning``).
 
         Raises:
             SampleSkip: ``template_drops_reasoning`` (a turn's reasoning is not in the rendering),
                 ``template_not_prefix_stable`` (``F_k`` does not start with ``P_k``) or ``template_error``.
         """
-        if self.split_inline_reasoning(rec):
-            rec["_flags"] = ["inline_reasoning"]
+        if self.split_inline_reasoning(rec) and notes is not None:
+            notes.flags.append("inline_reasoning")
         msgs = rec["messages"]
         out = []
         for k, a in enumerate(i for i, m in enumerate(msgs) if m["role"] == "assistant"):
@@ -323,11 +324,12 @@ class ChatRenderer:
             out.append((p, f[len(p):]))
         return out
 
-    def assemble(self, rec: dict[str, Any], ids: list[tuple[list[int], list[int]]]) -> list[Sample]:
+    def assemble(self, rec: dict[str, Any], ids: list[tuple[list[int], list[int]]],
+                 notes: RecordNotes | None = None) -> list[Sample]:
         """Build the samples of a record from the token ids of its ``(prompt, turn)`` texts (see :meth:`texts`).
 
         A turn cut inside its reasoning supervises exactly its generated ids and ends its sample; without ids it is
-        left out, listed in ``rec["_dropped_turns"]`` (``truncated_reasoning``). Where the server reported
+        left out, listed in ``notes.dropped_turns`` (``truncated_reasoning``). Where the server reported
         ``prompt_token_ids``, the prompt of the same text takes those ids, and a prompt of another text is kept
         on the span for :func:`draftsmith.data.validate.validate_sample` to report.
 
@@ -336,7 +338,7 @@ class ChatRenderer:
         """
         samples: list[Sample] = []
         cur: Sample | None = None
-        dropped_turns = rec["_dropped_turns"] = []
+        dropped_turns = notes.dropped_turns if notes is not None else []
         assistants = [m for m in rec["messages"] if m["role"] == "assistant"]
         for k, (p, tail) in enumerate(ids):                     # p: [n_prompt], tail: [n_turn] incl. template tail
             turn = rec["turns"][k]
@@ -419,7 +421,16 @@ class ChatRenderer:
         return a == b
 
     def render(self, rec: dict[str, Any]) -> list[Sample]:
-        """Texts, token ids and samples of one record (see :meth:`texts` and :meth:`assemble`)."""
-        pairs = self.texts(rec)
+        """Texts, token ids and samples of one record (see :meth:`texts` and :meth:`assemble`); the record's own
+        flags (``inline_reasoning``) are added to each sample's."""
+        notes = RecordNotes(where=str(rec.get("id")))
+        samples = self.render_notes(rec, notes)
+        for s in samples:
+            s.flags += notes.flags
+        return samples
+
+    def render_notes(self, rec: dict[str, Any], notes: RecordNotes) -> list[Sample]:
+        """:meth:`render` with the record's flags and left-out turns written to ``notes`` instead."""
+        pairs = self.texts(rec, notes)
         flat = self.encode([t for pf in pairs for t in pf])
-        return self.assemble(rec, [(flat[2 * i], flat[2 * i + 1]) for i in range(len(pairs))])
+        return self.assemble(rec, [(flat[2 * i], flat[2 * i + 1]) for i in range(len(pairs))], notes)
