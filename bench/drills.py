@@ -9,7 +9,7 @@ tmpfs in a private mount namespace; then space is freed and the run resumes). Af
 have exactly one record. Prints one line per drill and a last line ``DRILLS lost=<n> duplicated=<n> leaked=<n>
 hung=<n>`` (all 0 when the pool is right).
 
-Usage: ``python bench/drills.py [--starts 40] [--kills 5]``; Redis from ``DRAFTSMITH_BENCH_REDIS_URL`` (default
+Usage: ``python bench/drills.py [--starts 40] [--kills 5]``; Redis from ``BENCH_DRAFTSMITH_REDIS_URL`` (default
 ``redis://127.0.0.1:6379/15``; that database is flushed).
 """
 
@@ -250,7 +250,7 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=40)
     ap.add_argument("--kills", type=int, default=5)
     a = ap.parse_args()
-    redis_url = os.environ.get("DRAFTSMITH_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+    redis_url = os.environ.get("BENCH_DRAFTSMITH_REDIS_URL", "redis://127.0.0.1:6379/15")
     r = redis.Redis.from_url(redis_url)
     fast, url = stub()
     try:

@@ -13,7 +13,7 @@ number of extractor workers).
     .venv/bin/python bench/extraction_scale.py [--shards 16 --shard-samples 8 --length 512]
         [--backend vllm --tensor-parallel-size 8 --target /models/Kimi-K2.5]   (scripts/gpu-check.sh)
 
-Redis from ``DRAFTSMITH_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/14``; the database is flushed).
+Redis from ``BENCH_DRAFTSMITH_REDIS_URL`` (default ``redis://127.0.0.1:6379/14``; the database is flushed).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main() -> None:
     if a.tensor_parallel_size > 1:
         EXTRACT["tensor_parallel_size"] = a.tensor_parallel_size
     torch.set_num_threads(a.threads)
-    redis_url = os.environ.get("DRAFTSMITH_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+    redis_url = os.environ.get("BENCH_DRAFTSMITH_REDIS_URL", "redis://127.0.0.1:6379/14")
     redis.Redis.from_url(redis_url).flushdb()
     target = a.target or embedded_dir(load_settings().target.cache_dir)
     tmp = Path(tempfile.mkdtemp(prefix="bench-extract-scale-"))

@@ -10,7 +10,7 @@ shard's mtime, so polling costs no CPU the server needs). On these 2-core machin
 both cores, so every CPU-second a client spends is taken from the server: the CPU seconds each client used are
 printed beside its throughput. Last line: ``RATIO generation <pool tok/s / bare tok/s>`` (goal >= 0.98).
 
-Usage: ``python bench/generation.py`` (starts vLLM; ~8 min) or with ``DRAFTSMITH_BENCH_VLLM_URL=http://...``.
+Usage: ``python bench/generation.py`` (starts vLLM; ~8 min) or with ``BENCH_DRAFTSMITH_VLLM_URL=http://...``.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def pool_run(url: str, redis_url: str, work: Path) -> tuple[int, float, float]:
 
 def main() -> None:
     """Start vLLM (unless given a URL), run bare/pool/bare/pool/bare and print the RATIO line."""
-    url = os.environ.get("DRAFTSMITH_BENCH_VLLM_URL")
+    url = os.environ.get("BENCH_DRAFTSMITH_VLLM_URL")
     server = None
     if not url:
         from draftsmith.target.embedded import prepare_embedded
@@ -121,7 +121,7 @@ def main() -> None:
         server = VLLMServer(VLLMServerSpec(model=path, served_name=MODEL, port=free_port()),
                             Path(tempfile.mkdtemp()) / "vllm.log").start()
         url = server.url
-    redis_url = os.environ.get("DRAFTSMITH_BENCH_REDIS", "redis://127.0.0.1:6379/14")
+    redis_url = os.environ.get("BENCH_DRAFTSMITH_REDIS", "redis://127.0.0.1:6379/14")
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
     prompts = extract_prompts(str(REPO / "data/prompts/gsm8k_train.jsonl"), N).prompts

@@ -29,7 +29,7 @@ fixed delay and a fixed number of sequences each (the servers are the bottleneck
 prints ``RATIO generation_scale_out <two/one>`` (goal >= 1.8).
 
 Usage: ``python bench/generation_scale.py [--sizes 1000,10000,50000] [--busy] [--scale-out] [--tail]``; Redis from
-``DRAFTSMITH_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/15``; the database is flushed).
+``BENCH_DRAFTSMITH_REDIS_URL`` (default ``redis://127.0.0.1:6379/15``; the database is flushed).
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def main() -> None:
     from draftsmith.signals import raise_on_sigterm
 
     raise_on_sigterm()  # SIGTERM unwinds through the finally blocks that stop the pools and servers
-    redis_url = os.environ.get("DRAFTSMITH_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+    redis_url = os.environ.get("BENCH_DRAFTSMITH_REDIS_URL", "redis://127.0.0.1:6379/15")
     if a.scale_out:
         scale_out_run(redis_url, a.scale_out_prompts, a.concurrency, delay_s=0.2, slots=16)
     elif a.tail:

@@ -49,7 +49,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def _draftsmith(args: list[str], config: Path, log: Path) -> None:
     """Run ``draftsmith <args>`` with ``config``; output to ``log``. Raises RuntimeError with the log tail."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")}
     env["DRAFTSMITH_CONFIG"] = str(config)
     if os.environ.get("DRAFTSMITH_REDIS__URL"):
         env["DRAFTSMITH_REDIS__URL"] = os.environ["DRAFTSMITH_REDIS__URL"]

@@ -44,7 +44,7 @@ SHAPES = {
     # Kimi-K2.5's drafter layer (docs/mla.md) with a narrow MLP and vocabulary, like "attn"
     "kimi": dict(hidden=7168, heads=64, kv=64, head_dim=128, mlp=1024, vocab=4096),
 }
-K = int(os.environ.get("DRAFTSMITH_BENCH_TTT_K", "3"))  # TTT depth (--k sets it for the children too)
+K = int(os.environ.get("BENCH_DRAFTSMITH_TTT_K", "3"))  # TTT depth (--k sets it for the children too)
 
 
 def _rss_mb() -> float:
@@ -227,7 +227,7 @@ def main() -> None:
             r = child_speed(rest[0], int(rest[1]), int(rest[2]), rest[3])
         print("RESULT " + json.dumps(r), flush=True)
         return
-    os.environ["DRAFTSMITH_BENCH_TTT_K"] = str(a.k)  # the children's depth
+    os.environ["BENCH_DRAFTSMITH_TTT_K"] = str(a.k)  # the children's depth
     parts = a.only or ["linear", "8b", "speed"]
     lengths = [128, 256, 512, 1024] if a.quick else [1024, 2048, 4096, 8192]
     dense_max = lengths[1]  # never the dense reference above 2k (RAM)

@@ -16,7 +16,7 @@ ENV_FILE=${1:-.env}
 CLI=${CONTAINER_CLI:-$(command -v podman > /dev/null && echo podman || echo docker)}
 TAG=bookworm
 BASE=localhost/draftsmith-debian:$TAG
-CACHE=${DRAFTSMITH_IMAGE_CACHE:-$HOME/.cache/draftsmith/images}
+CACHE=${IMAGE_CACHE_DIR:-$HOME/.cache/draftsmith/images}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 [[ -f "$ENV_FILE" ]] || { echo "no $ENV_FILE: cp .env.example $ENV_FILE first" >&2; exit 2; }
 
@@ -54,7 +54,7 @@ done
 
 # The project image (TORCH_VARIANT=cpu: also the cpu profile's target). Local package folders of the host's pip
 # config are served over HTTP to the build (a build cannot read file:// paths of the host).
-project="${DRAFTSMITH_IMAGE:-draftsmith}:cpu"
+project="${PROJECT_IMAGE:-draftsmith}:cpu"
 serve_dir=$(mktemp -d)
 server_pid=""
 cleanup() { [[ -n "$server_pid" ]] && kill "$server_pid" 2> /dev/null; rm -rf "$serve_dir"; }

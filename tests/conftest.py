@@ -1,11 +1,11 @@
 """Fixtures shared by every test: a private Redis database, the embedded target, one shared vLLM CPU server.
 
-- Redis: tests use the server at ``DRAFTSMITH_TEST_REDIS`` (default ``redis://127.0.0.1:6379``) in a database of
-  their own: db 13 (``DRAFTSMITH_TEST_REDIS_DB``) minus the pytest-xdist worker's number (gw0 13, gw1 12, ...), so
+- Redis: tests use the server at ``TEST_DRAFTSMITH_REDIS`` (default ``redis://127.0.0.1:6379``) in a database of
+  their own: db 13 (``TEST_DRAFTSMITH_REDIS_DB``) minus the pytest-xdist worker's number (gw0 13, gw1 12, ...), so
   tests running at the same time never see each other's queues; flushed around each test that asks for it; no
   other database is ever touched.
 - vLLM: one CPU server for the whole test session (it takes one to three minutes to start), started on first use.
-  ``DRAFTSMITH_TEST_VLLM_URL`` points the tests at a server already running instead (handy while developing).
+  ``TEST_DRAFTSMITH_VLLM_URL`` points the tests at a server already running instead (handy while developing).
 - Parallel runs (``make test`` runs two pytest-xdist workers, ``--dist loadgroup``): every test that uses the
   shared server or the small demo is in the xdist group ``vllm`` and the Compose stack test in ``stack``, so each
   expensive resource is built by one worker only; the longest work is handed out first (docs/testing.md).
@@ -71,7 +71,7 @@ SHARED_RESOURCES = {"vllm_server": "@vllm", "small_demo": "@vllm", "stack": "@st
 # pytest-xdist's own `--dist loadgroup` cannot be used: it appends the group to `item._nodeid`, which pytest 9
 # no longer reads (node ids are derived), so every test became its own unit and two workers started the same
 # shared server and demo.
-UNITS_ENV = "DRAFTSMITH_TEST_XDIST_UNITS"
+UNITS_ENV = "TEST_DRAFTSMITH_XDIST_UNITS"
 
 
 def work_unit(item) -> str:
@@ -133,8 +133,8 @@ def worker_index() -> int:
 
 @pytest.fixture(scope="session")
 def redis_base_url() -> str:
-    base = os.environ.get("DRAFTSMITH_TEST_REDIS", "redis://127.0.0.1:6379")
-    db = int(os.environ.get("DRAFTSMITH_TEST_REDIS_DB", "13")) - worker_index()
+    base = os.environ.get("TEST_DRAFTSMITH_REDIS", "redis://127.0.0.1:6379")
+    db = int(os.environ.get("TEST_DRAFTSMITH_REDIS_DB", "13")) - worker_index()
     url = f"{base.rstrip('/')}/{db}"
     client = redis_lib.Redis.from_url(url)
     try:
@@ -156,7 +156,7 @@ def redis_url(redis_base_url: str):
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     """The draftsmith cache (prepared checkpoints); the user's default so tests reuse one prepared target."""
-    return Path(os.environ.get("DRAFTSMITH_TEST_CACHE", Path.home() / ".cache" / "draftsmith"))
+    return Path(os.environ.get("TEST_DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith"))
 
 
 @pytest.fixture(scope="session")
@@ -189,8 +189,8 @@ def shared_vllm(embedded_target: Path, tmp_path_factory):
 @pytest.fixture
 def vllm_server(request) -> str:
     """Base URL of the one vLLM CPU server shared by all end-to-end tests of a session (no drafter); started
-    again if an earlier test left it dead. ``DRAFTSMITH_TEST_VLLM_URL`` names a running server instead."""
-    url = os.environ.get("DRAFTSMITH_TEST_VLLM_URL")
+    again if an earlier test left it dead. ``TEST_DRAFTSMITH_VLLM_URL`` names a running server instead."""
+    url = os.environ.get("TEST_DRAFTSMITH_VLLM_URL")
     if url:
         return url.rstrip("/")
     return request.getfixturevalue("shared_vllm").url()

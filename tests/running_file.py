@@ -3,7 +3,7 @@ finished ones. `.ci/run` prints it at its end, so a run stopped from outside (CI
 was waiting on; pytest's own ``--durations`` table is printed only when the session ends.
 
 Registered by tests/conftest.py in the process that reports (the xdist controller, or the only process) when
-``DRAFTSMITH_TEST_RUNNING_FILE`` names the file.
+``TEST_DRAFTSMITH_RUNNING_FILE`` names the file.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections import defaultdict
 from pathlib import Path
 
 SLOWEST = 15
-ENV = "DRAFTSMITH_TEST_RUNNING_FILE"
+ENV = "TEST_DRAFTSMITH_RUNNING_FILE"
 
 
 def register(config) -> None:
-    """Register :class:`RunningFile` on ``config`` in the reporting process when ``$DRAFTSMITH_TEST_RUNNING_FILE``
+    """Register :class:`RunningFile` on ``config`` in the reporting process when ``$TEST_DRAFTSMITH_RUNNING_FILE``
     is set (an xdist worker's reports reach the controller, which writes the file)."""
     if os.environ.get(ENV) and not hasattr(config, "workerinput"):
         config.pluginmanager.register(RunningFile(os.environ[ENV]), "running-file")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from draftsmith.config import Settings, describe_fields, load_settings
@@ -51,10 +52,36 @@ def test_every_field_has_a_default_and_a_doc():
     assert missing == []
 
 
-def test_test_and_bench_variables_are_not_config(monkeypatch):
+def test_every_draftsmith_variable_the_repository_names_is_a_config_key():
+    """The loader rejects a ``DRAFTSMITH_*`` variable that names no key, so the suite's and the benchmarks' own
+    variables are ``TEST_DRAFTSMITH_*`` and ``BENCH_DRAFTSMITH_*``; every ``DRAFTSMITH_*`` name in the code, the
+    scripts and the docs is the config file variable or a key (a section alone, as in ``DRAFTSMITH_TARGET__``,
+    is a prefix in prose; an entry of a mapping key, ``DRAFTSMITH_DATA__TEMPLATE_KWARGS__ENABLE_THINKING``, names
+    its key). This file names wrong ones on purpose and is left out."""
+    import re
+
+    from draftsmith.config import CONFIG_FILE_VARIABLE
+
+    repo = Path(__file__).resolve().parents[1]
+    keys = {k for k, _, _ in describe_fields()} | set(Settings.model_fields)
+    seen, bad = set(), []
+    for path in repo.rglob("*"):
+        if any(part in (".venv", ".git", "runs", ".peer-venv", "node_modules") for part in path.parts) \
+                or path == Path(__file__).resolve() or not path.is_file() or path.suffix not in (".py", ".sh", ".md", ".yaml", ".yml", ".example", ""):
+            continue
+        for name in re.findall(r"\bDRAFTSMITH_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")):
+            seen.add(name)
+            key = name.removeprefix("DRAFTSMITH_").lower().replace("__", ".")
+            key = "data.template_kwargs" if key.startswith("data.template_kwargs.") else key
+            if name != CONFIG_FILE_VARIABLE and key not in keys:
+                bad.append(f"{path.relative_to(repo)}: {name}")
+    assert len(seen) > 20 and bad == []
+
+
+def test_a_variable_of_the_prefix_that_names_no_key_is_rejected(monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_TEST_ANYTHING", "x")
-    monkeypatch.setenv("DRAFTSMITH_BENCH_ANYTHING", "y")
-    assert load_settings(None).run == "default"
+    with pytest.raises(ConfigError, match="unknown config key 'test_anything'"):
+        load_settings(None)
 
 
 def test_cli_prints_one_line_and_exits_2_before_touching_anything(tmp_path):

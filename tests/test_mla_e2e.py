@@ -21,12 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.e2e
 def test_mla_target_through_every_stage(tmp_path, redis_url):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")}
     env.update(DRAFTSMITH_REDIS__URL=redis_url, DRAFTSMITH_RUNS_DIR=str(tmp_path / "runs"),
                DRAFTSMITH_PROMPTS_DIR=str(Path(__file__).resolve().parents[1] / "data" / "prompts"),
                PYTHONPATH=str(REPO / "shared"))
-    if os.environ.get("DRAFTSMITH_TEST_CACHE"):
-        env["DRAFTSMITH_TARGET__CACHE_DIR"] = os.environ["DRAFTSMITH_TEST_CACHE"]
+    if os.environ.get("TEST_DRAFTSMITH_CACHE"):
+        env["DRAFTSMITH_TARGET__CACHE_DIR"] = os.environ["TEST_DRAFTSMITH_CACHE"]
     p = subprocess.run([sys.executable, "-m", "draftsmith", "demo", "--size", "mla", "--run", "mla"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=1500)
     out = p.stdout + p.stderr

@@ -19,7 +19,7 @@ def test_sleeps():
     time.sleep(0.6)
 
 def test_sees_itself_running():
-    text = Path(os.environ["DRAFTSMITH_TEST_RUNNING_FILE"]).read_text()
+    text = Path(os.environ["TEST_DRAFTSMITH_RUNNING_FILE"]).read_text()
     assert "1 finished, 1 running" in text, text
     assert "running" in text.splitlines()[1] and text.splitlines()[1].endswith("::test_sees_itself_running"), text
 '''
@@ -30,7 +30,7 @@ def test_the_file_lists_the_running_test_and_the_finished_ones_with_their_time(t
                                           "    running_file.register(config)\n")
     (tmp_path / "test_inner.py").write_text(INNER)
     out = tmp_path / "running.txt"
-    env = {**os.environ, "DRAFTSMITH_TEST_RUNNING_FILE": str(out), "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "TEST_DRAFTSMITH_RUNNING_FILE": str(out), "PYTHONPATH": str(TESTS)}
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                         "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)

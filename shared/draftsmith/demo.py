@@ -209,7 +209,7 @@ class Demo:
 
     # ---- running commands
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")}
         env["DRAFTSMITH_CONFIG"] = str(self.config_file)
         env["DRAFTSMITH_REDIS__URL"] = self.s.redis.url
         env["PYTHONUNBUFFERED"] = "1"

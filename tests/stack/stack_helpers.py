@@ -16,8 +16,8 @@ _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "an
 
 
 def record_phase(name: str, seconds: float) -> None:
-    """Add a setup phase of a test to CI's phase table (the file ``DRAFTSMITH_TEST_PHASES`` names; .ci/run)."""
-    path = os.environ.get("DRAFTSMITH_TEST_PHASES")
+    """Add a setup phase of a test to CI's phase table (the file ``TEST_DRAFTSMITH_PHASES`` names; .ci/run)."""
+    path = os.environ.get("TEST_DRAFTSMITH_PHASES")
     if path:
         with open(path, "a") as f:
             f.write(f"  {name:<26} {seconds:6.0f} s\n")

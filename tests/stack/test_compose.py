@@ -87,7 +87,7 @@ def test_images_and_build_contexts_exist(services):
                 assert re.search(rf"^ARG {arg}\b", text, re.M), f"build arg {arg} not declared in {dockerfile}"
     # the project's services share one image, CPU or CUDA torch chosen by the build arg
     images = {services[s]["image"] for s in PROJECT_SERVICES}
-    assert images == {"${DRAFTSMITH_IMAGE:-draftsmith}:${TORCH_VARIANT:-cu128}"}
+    assert images == {"${PROJECT_IMAGE:-draftsmith}:${TORCH_VARIANT:-cu128}"}
     assert "download.pytorch.org/whl/${TORCH_VARIANT}" in (REPO / "services/base/Dockerfile").read_text()
 
 
@@ -422,7 +422,7 @@ def test_engine_images_are_release_tags_not_latest():
     raw = yaml.safe_load(COMPOSE.read_text())
     images = [svc["image"] for svc in raw["services"].values() if "image" in svc]
     env = [line.split("=", 1)[1] for line in (REPO / ".env.example").read_text().splitlines()
-           if line.split("=", 1)[0].endswith("_IMAGE") and not line.startswith("DRAFTSMITH_IMAGE=")]
+           if line.split("=", 1)[0].endswith("_IMAGE") and not line.startswith("PROJECT_IMAGE=")]
     # the engines' and services' images: ${NAME_IMAGE:-default} (the project's own image is built here)
     defaults = [m.group(1) for i in images if (m := re.fullmatch(r"\$\{\w+_IMAGE:-([^}]+)\}", i))]
     assert len(defaults) >= 6

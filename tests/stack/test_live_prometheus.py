@@ -2,7 +2,7 @@
 
 Starts Debian's `prometheus` (scripts/ci-system-deps.sh installs it) on a free port with a generated config that
 scrapes a real `draftsmith worker` pool (its /metrics), `draftsmith queue-exporter`, and the vLLM CPU server
-(`vllm_server` fixture; DRAFTSMITH_TEST_VLLM_URL reuses the dev server). A few short prompts, plus one longer than
+(`vllm_server` fixture; TEST_DRAFTSMITH_VLLM_URL reuses the dev server). A few short prompts, plus one longer than
 the server's context (a real HTTP 400, counted as `context_length`), are enqueued with `draftsmith enqueue`. Then
 every dashboard query whose metrics these sources export is evaluated over the run (query_range) and must return
 at least one finite value. Queries of sources not running here (extraction, training, evaluation, SGLang, vLLM

@@ -46,7 +46,7 @@ def test_mla_target_build_extract_train_export(tmp_path):
         })
     runs = tmp_path / "runs"
     write_shard(runs / "mla" / "records", "j0", records)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_") or k.startswith("DRAFTSMITH_TEST")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")}
     env.update(PYTHONPATH=str(REPO / "shared"), DRAFTSMITH_RUNS_DIR=str(runs), DRAFTSMITH_TARGET__PATH=str(target),
                DRAFTSMITH_DATA__DRAFT_VOCAB_SIZE="512", DRAFTSMITH_TRAIN__DRAFT_VOCAB_SIZE="512",
                DRAFTSMITH_METRICS__PORT="0", DRAFTSMITH_TRAIN__BATCH_SIZE="4", DRAFTSMITH_TRAIN__BATCH_TOKENS="1024",
