@@ -98,104 +98,129 @@ def drafter_parameters(cfg) -> tuple[int, int]:
 
 
 def plan_job(s: Settings, target: Path, host: Host, job: Job) -> JobPlan:
-    """Size ``job`` on ``host`` for the target folder ``target`` with settings ``s``.
+    """Size ``job`` on ``host`` for the target folder ``target`` with settings ``s``: the target, its tokenizer and
+    code, the GPU split, the context, the drafter's memory and the feature store, one line each, and one problem
+    line per thing found that would stop the job.
 
     Returns:
         A :class:`JobPlan`; an empty ``problems`` means nothing found would stop the job.
     """
-    from draftsmith.data.render import tokenizer_files
-    from draftsmith.drafter.config import derive_config, is_mla
-    from draftsmith.errors import DraftsmithError
+    from draftsmith.drafter.config import is_mla
+    from draftsmith.target.checkpoint import read_target_config, target_config_path
     from draftsmith.target.profile import target_profile
 
     out = JobPlan()
-    say, problem = out.lines.append, out.problems.append
-    from draftsmith.target.checkpoint import read_target_config, target_config_path
-
     if not target_config_path(target).is_file():
-        problem(f"{target} has no {target_config_path(target).name} -> point target.path at the target's "
-                "checkpoint folder")
+        out.problems.append(f"{target} has no {target_config_path(target).name} -> point target.path at the "
+                            "target's checkpoint folder")
         return out
     prof = target_profile(target)
-    cfg = read_target_config(target)
-    text = cfg.get("text_config") or cfg
+    text = (cfg := read_target_config(target)).get("text_config") or cfg
     hidden, layers, vocab = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"])
-    say(f"target {target.name}: {prof.family or prof.model_type}, hidden {hidden}, {layers} layers, vocabulary "
-        f"{vocab}{', MLA' if is_mla(text) else ''}")
+    out.lines.append(f"target {target.name}: {prof.family or prof.model_type}, hidden {hidden}, {layers} layers, "
+                     f"vocabulary {vocab}{', MLA' if is_mla(text) else ''}")
+    _plan_code(s, target, prof, out)
+    usable = _plan_gpus(target, host, out)
+    _plan_context(s, job, out)
+    dcfg = _plan_drafter(s, target, host, vocab, usable, out)
+    if dcfg is not None:
+        _plan_features(s, host, job, dcfg.layer_ids, hidden, out)
+    return out
 
-    # tokenizer and remote code
+
+def _plan_code(s: Settings, target: Path, prof, out: JobPlan) -> None:
+    """The tokenizer files, the target's own code, each engine's flags."""
+    from draftsmith.data.render import tokenizer_files
+
     if not tokenizer_files(target) and not (target / "tokenizer_config.json").is_file():
-        problem(f"{target} has no tokenizer files (tokenizer.json, tiktoken.model, ...) -> download the whole "
-                "checkpoint folder")
+        out.problems.append(f"{target} has no tokenizer files (tokenizer.json, tiktoken.model, ...) -> download the "
+                            "whole checkpoint folder")
     if prof.trust_remote_code and not s.target.trust_remote_code:
-        problem(f"the target ships its own code ({', '.join(prof.remote_code_files) or 'auto_map'}) -> read it, "
-                "then set TRUST_REMOTE_CODE=1 in .env (target.trust_remote_code=true)")
+        out.problems.append(f"the target ships its own code ({', '.join(prof.remote_code_files) or 'auto_map'}) -> "
+                            "read it, then set TRUST_REMOTE_CODE=1 in .env (target.trust_remote_code=true)")
     for engine in ("vllm", "sglang"):
-        say(f"{engine} flags: {' '.join(prof.engine_args(engine)) or '(none)'}")
+        out.lines.append(f"{engine} flags: {' '.join(prof.engine_args(engine)) or '(none)'}")
 
-    # GPUs: the engine and the extractor split the target over every GPU; training puts one drafter per GPU
+
+def _plan_gpus(target: Path, host: Host, out: JobPlan) -> float:
+    """The weights over the GPUs (the engine and the extractor split the target over every GPU); returns the usable
+    GB of one GPU."""
     wb = weights_bytes(target)
     usable = host.gpu_memory_gb * USABLE
     if host.gpus < 1:
-        problem("no GPU found (nvidia-smi) -> run on the GPU host, or pass --gpus and --gpu-memory-gb to plan for it")
+        out.problems.append("no GPU found (nvidia-smi) -> run on the GPU host, or pass --gpus and --gpu-memory-gb to "
+                            "plan for it")
     if wb is None:
         from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
 
-        problem(f"{target} has no weight index ({WEIGHTS_INDEX_FILE}) and no *.safetensors -> download "
-                "the weights")
+        out.problems.append(f"{target} has no weight index ({WEIGHTS_INDEX_FILE}) and no *.safetensors -> download "
+                            "the weights")
     elif host.gpus:
         per_gpu = wb / GB / host.gpus
-        say(f"weights {wb / GB:.0f} GB: {per_gpu:.1f} GB per GPU at tensor parallel {host.gpus} "
-            f"(TENSOR_PARALLEL_SIZE={host.gpus}, EXTRACT_GPUS={host.gpus}); {usable - per_gpu:.1f} GB left per GPU "
-            "for the KV cache")
+        out.lines.append(f"weights {wb / GB:.0f} GB: {per_gpu:.1f} GB per GPU at tensor parallel {host.gpus} "
+                         f"(TENSOR_PARALLEL_SIZE={host.gpus}, EXTRACT_GPUS={host.gpus}); {usable - per_gpu:.1f} GB "
+                         "left per GPU for the KV cache")
         if per_gpu > usable:
-            problem(f"the weights need {per_gpu:.0f} GB per GPU over {host.gpus} GPUs of {host.gpu_memory_gb:.0f} GB "
-                    "-> more GPUs, or a quantized checkpoint")
+            out.problems.append(f"the weights need {per_gpu:.0f} GB per GPU over {host.gpus} GPUs of "
+                                f"{host.gpu_memory_gb:.0f} GB -> more GPUs, or a quantized checkpoint")
+    return usable
 
-    # context every request needs
+
+def _plan_context(s: Settings, job: Job, out: JobPlan) -> None:
+    """The context every request needs against ``target.max_model_len``; a mean sample against
+    ``data.max_length``."""
     need = job.prompt_tokens + s.generation.max_tokens
-    say(f"context: prompt {job.prompt_tokens} + generation.max_tokens {s.generation.max_tokens} = {need} tokens; "
-        f"target.max_model_len {s.target.max_model_len} (MAX_MODEL_LEN)")
+    out.lines.append(f"context: prompt {job.prompt_tokens} + generation.max_tokens {s.generation.max_tokens} = "
+                     f"{need} tokens; target.max_model_len {s.target.max_model_len} (MAX_MODEL_LEN)")
     if s.target.max_model_len < need:
-        problem(f"MAX_MODEL_LEN {s.target.max_model_len} < {need} (prompt + generation.max_tokens) -> raise "
-                f"MAX_MODEL_LEN to at least {need}, or lower generation.max_tokens")
+        out.problems.append(f"MAX_MODEL_LEN {s.target.max_model_len} < {need} (prompt + generation.max_tokens) -> "
+                            f"raise MAX_MODEL_LEN to at least {need}, or lower generation.max_tokens")
     sample = job.prompt_tokens + job.answer_tokens
     if s.data.max_length < sample:
-        problem(f"data.max_length {s.data.max_length} < a mean sample of {sample} tokens: most samples would be "
-                f"cut ({s.data.too_long}) -> set data.max_length to at least {sample}")
+        out.problems.append(f"data.max_length {s.data.max_length} < a mean sample of {sample} tokens: most samples "
+                            f"would be cut ({s.data.too_long}) -> set data.max_length to at least {sample}")
 
-    # drafter and training memory
+
+def _plan_drafter(s: Settings, target: Path, host: Host, vocab: int, usable: float, out: JobPlan):
+    """The drafter's size and training memory (one drafter per GPU): the longest micro-batch that fits; returns
+    its config, or None when none can be derived (a problem line says why)."""
+    from draftsmith.drafter.config import derive_config
+    from draftsmith.errors import DraftsmithError
+
     n_draft = s.train.draft_vocab_size or s.data.draft_vocab_size
     try:
         dcfg = derive_config(target, min(n_draft, vocab), s.train.layer_ids or s.extract.layers,
                              s.train.num_layers)
     except DraftsmithError as e:
-        problem(str(e))
-        return out
+        out.problems.append(str(e))
+        return None
     total, trainable = drafter_parameters(dcfg)
     fixed = trainable * TRAIN_BYTES_PER_PARAM / GB
     act = ACT_BYTES_PER_TOKEN_4096 * dcfg.hidden_size / 4096 / (2 if host.gpus else 1) / GB  # bf16 on a GPU
     fits = int((usable - fixed) / act) if usable > fixed else 0
-    say(f"drafter: {total / 1e9:.2f} B parameters ({trainable / 1e9:.2f} B trained), draft vocabulary {n_draft}; "
-        f"{fixed:.1f} GB of weights, gradients and AdamW per GPU; about {act * 1e3:.2f} MB per token: the longest "
-        f"micro-batch on one GPU is about {fits} tokens")
+    out.lines.append(f"drafter: {total / 1e9:.2f} B parameters ({trainable / 1e9:.2f} B trained), draft vocabulary "
+                     f"{n_draft}; {fixed:.1f} GB of weights, gradients and AdamW per GPU; about {act * 1e3:.2f} MB "
+                     f"per token: the longest micro-batch on one GPU is about {fits} tokens")
     if host.gpus and fits < s.data.max_length:
-        problem(f"a {s.data.max_length}-token sample (data.max_length) does not fit one GPU (about {fits} tokens "
-                "do) -> lower data.max_length, or a GPU with more memory")
+        out.problems.append(f"a {s.data.max_length}-token sample (data.max_length) does not fit one GPU (about "
+                            f"{fits} tokens do) -> lower data.max_length, or a GPU with more memory")
     elif host.gpus and fits < s.train.batch_tokens:
-        problem(f"train.batch_tokens {s.train.batch_tokens} is over the {fits} tokens that fit one GPU -> set "
-                f"train.batch_tokens to {max(s.data.max_length, fits // 1024 * 1024)}")
-    say(f"training: {max(host.gpus, 1)} ranks (TRAIN_GPUS), {s.train.parallel}; stop the target first")
+        out.problems.append(f"train.batch_tokens {s.train.batch_tokens} is over the {fits} tokens that fit one GPU "
+                            f"-> set train.batch_tokens to {max(s.data.max_length, fits // 1024 * 1024)}")
+    out.lines.append(f"training: {max(host.gpus, 1)} ranks (TRAIN_GPUS), {s.train.parallel}; stop the target first")
+    return dcfg
 
-    # feature store
-    ids = dcfg.layer_ids
+
+def _plan_features(s: Settings, host: Host, job: Job, ids, hidden: int, out: JobPlan) -> None:
+    """The feature store's bytes (aux layers and the final one per token) against the free disk."""
+    sample = job.prompt_tokens + job.answer_tokens
     per_token = (len(ids) + 1) * hidden * FEATURE_BYTES[s.extract.dtype]
     tokens = job.prompts * sample
     need_gb = tokens * per_token / GB * s.extract.disk_margin
-    say(f"feature store: {job.prompts} prompts x {sample} tokens x {per_token / 1e3:.1f} KB per token "
-        f"({len(ids)} aux layers + the final one, {s.extract.dtype}) = {tokens * per_token / GB:.0f} GB "
-        f"({need_gb:.0f} GB with extract.disk_margin); {host.disk_free_gb:.0f} GB free under {s.runs_dir}")
+    out.lines.append(f"feature store: {job.prompts} prompts x {sample} tokens x {per_token / 1e3:.1f} KB per token "
+                     f"({len(ids)} aux layers + the final one, {s.extract.dtype}) = {tokens * per_token / GB:.0f} GB "
+                     f"({need_gb:.0f} GB with extract.disk_margin); {host.disk_free_gb:.0f} GB free under "
+                     f"{s.runs_dir}")
     if need_gb > host.disk_free_gb:
-        problem(f"the features need {need_gb:.0f} GB, {host.disk_free_gb:.0f} GB are free under {s.runs_dir} -> "
-                "free disk, point runs_dir at a larger disk, or extract fewer samples")
-    return out
+        out.problems.append(f"the features need {need_gb:.0f} GB, {host.disk_free_gb:.0f} GB are free under "
+                            f"{s.runs_dir} -> free disk, point runs_dir at a larger disk, or extract fewer samples")

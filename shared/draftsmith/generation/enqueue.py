@@ -164,28 +164,9 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         board = ProgressBoard(client, s.redis.prefix, paths.root)
         if not board.read().get("started_at"):
             board.set(phase="loading dataset")  # `status` shows it from the first second of the run
-    if source:
-        say(f"Loading dataset {source}...")
-        result = extract_prompts(source, limit, split, s.generation.system_prompt)
-        report.extracted, report.duplicates = len(result.prompts), result.duplicates
-        report.skipped_rows = dict(result.skipped)
-        say(f"Extracted {report.extracted} unique questions")
-        if result.skipped:
-            say("Skipped rows: " + ", ".join(f"{k}={v}" for k, v in sorted(result.skipped.items())))
-        new = [p for p in result.prompts if p.id not in existing]
-        report.new_prompts = len(new)
-        batch_prompts = {p.id: p.to_json() for p in result.prompts}
-    else:
-        batch_prompts = existing
-        report.extracted = len(existing)
-        say(f"Resuming {len(existing)} prompts from {paths.prompts}")
+    batch_prompts = _source_prompts(s, source, limit, split, existing, paths, report, say)
     if not dry_run:
-        swept = sweep_records(paths.records)
-        if any(swept.values()):
-            say(f"Removed leftovers of interrupted writes: {swept['temp_files']} temporary file(s), "
-                f"{swept['orphan_shards']} shard(s) without sidecar")
-        if paths.records.is_dir():
-            rebuild_manifest(paths.records)
+        _tidy_records(paths, say)
     done = done_ids(paths.records)
     wanted = [i for i in batch_prompts if i not in done]
     if dry_run:
@@ -205,17 +186,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     queue = get_queue(client, s.redis.prefix, "generate")
     report.queue = queue.name
     jobs = settle(queue, keep=of_run(paths.root))
-    orphans = jobs.of(JobState.ORPHANED)
-    for job in orphans:
-        requeue_orphan(queue, job)
-    if orphans:
-        report.requeued = len(orphans)
-        say(f"Requeued {len(orphans)} job(s) of {len(prompt_ids(orphans))} prompts whose worker is gone "
-            "(killed after it took them)")
-    active = prompt_ids(orphans) | prompt_ids(job for state, job in jobs.jobs.values() if state in ALIVE)
-    from draftsmith.generation.tail import enqueue_tail, tail_ids
-
-    active |= tail_ids(client, s.redis.prefix, paths.root)  # handed off: a tail job answers them
+    active = _active_prompts(queue, jobs, client, s.redis.prefix, paths, report, say)
     pending = [i for i in wanted if i not in active]
     report.total = len(existing)
     report.done = len(done & set(existing))
@@ -226,6 +197,63 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     if not active:
         board.reset()
     board.set(phase="enqueued" if pending or active else "done", total=report.total, done_at_start=report.done)
+    _submit(s, queue, jobs, client, paths, pending, batch_size, model, report)
+    say(f"Enqueued {len(report.jobs)} jobs of up to {batch_size} prompts on queue {queue.name} (model {model})")
+    return report
+
+
+def _source_prompts(s: Settings, source: str | None, limit: int | None, split: str, existing: dict[str, dict],
+                    paths: RunPaths, report: EnqueueReport, say: Callable[[str], None]) -> dict[str, dict]:
+    """The prompts of this enqueue, by id: extracted from ``source`` (counted in ``report``), or the run's own
+    ``prompts.jsonl`` when ``source`` is None (a resume)."""
+    if not source:
+        report.extracted = len(existing)
+        say(f"Resuming {len(existing)} prompts from {paths.prompts}")
+        return existing
+    say(f"Loading dataset {source}...")
+    result = extract_prompts(source, limit, split, s.generation.system_prompt)
+    report.extracted, report.duplicates = len(result.prompts), result.duplicates
+    report.skipped_rows = dict(result.skipped)
+    say(f"Extracted {report.extracted} unique questions")
+    if result.skipped:
+        say("Skipped rows: " + ", ".join(f"{k}={v}" for k, v in sorted(result.skipped.items())))
+    report.new_prompts = len([p for p in result.prompts if p.id not in existing])
+    return {p.id: p.to_json() for p in result.prompts}
+
+
+def _tidy_records(paths: RunPaths, say: Callable[[str], None]) -> None:
+    """Remove what interrupted writes left in the records folder and rebuild its manifest from the shards."""
+    swept = sweep_records(paths.records)
+    if any(swept.values()):
+        say(f"Removed leftovers of interrupted writes: {swept['temp_files']} temporary file(s), "
+            f"{swept['orphan_shards']} shard(s) without sidecar")
+    if paths.records.is_dir():
+        rebuild_manifest(paths.records)
+
+
+def _active_prompts(queue, jobs, client, prefix: str, paths: RunPaths, report: EnqueueReport,
+                    say: Callable[[str], None]) -> set[str]:
+    """Ids of the prompts some job will still answer: the queued and running jobs', the orphans' (requeued here:
+    their worker is gone), and the prompts handed off to a tail job."""
+    from draftsmith.generation.tail import tail_ids
+
+    orphans = jobs.of(JobState.ORPHANED)
+    for job in orphans:
+        requeue_orphan(queue, job)
+    if orphans:
+        report.requeued = len(orphans)
+        say(f"Requeued {len(orphans)} job(s) of {len(prompt_ids(orphans))} prompts whose worker is gone "
+            "(killed after it took them)")
+    active = prompt_ids(orphans) | prompt_ids(job for state, job in jobs.jobs.values() if state in ALIVE)
+    return active | tail_ids(client, prefix, paths.root)  # handed off: a tail job answers them
+
+
+def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str], batch_size: int, model: str,
+            report: EnqueueReport) -> None:
+    """Enqueue ``pending`` in jobs of ``batch_size`` prompts (a job id per prompt set, so a second enqueue finds
+    its job), then the tail jobs whose prompts no job answers any more; their ids go to ``report.jobs``."""
+    from draftsmith.generation.tail import enqueue_tail
+
     settings_json = job_settings(s)
     # rq's Retry refuses max=0: no retry object at all means "fail for good on the first failure"
     n_retries = s.generation.job_retries
@@ -247,5 +275,3 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         report.jobs.append(jid)
     # handed-off prompts whose tail job was never enqueued (the jobs that would have ended are gone)
     report.jobs += enqueue_tail(queue, paths.root, s.redis.prefix, batch_size, model, settings_json, False)
-    say(f"Enqueued {len(report.jobs)} jobs of up to {batch_size} prompts on queue {queue.name} (model {model})")
-    return report
