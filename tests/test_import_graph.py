@@ -1,4 +1,4 @@
-"""The package's import graph: no circle between modules, and the queue package below the stages.
+"""The package's import graph: no circle between modules, and the queue package below the stages (it imports none).
 
 Every ``import`` of a ``draftsmith`` module counts, the ones inside functions too (a lazy import still ties two
 modules together). The one exemption is the CLI package, where ``draftsmith.cli`` imports its command modules so
@@ -85,3 +85,12 @@ def test_the_artifacts_do_not_import_the_run_layout():
     graph = import_graph()
     up = {m: sorted(graph[m] & {"draftsmith.paths"}) for m in graph if m.startswith("draftsmith.artifacts")}
     assert not any(up.values()), up
+
+
+def test_the_queue_package_imports_no_stage():
+    """``jobqueue`` runs any stage's jobs; the stages register what they need of it (``jobqueue.hooks``)."""
+    graph = import_graph()
+    stages = ("generation", "features", "data", "drafter", "evaluation", "target", "cli", "demo")
+    up = {m: sorted(t for t in graph[m] if t.removeprefix("draftsmith.").split(".")[0] in stages)
+          for m in graph if m.startswith("draftsmith.jobqueue")}
+    assert len(up) >= 6 and not any(up.values()), up

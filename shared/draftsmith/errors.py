@@ -99,3 +99,8 @@ def is_disk_full(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text
+
+
+class TransientFailures(RuntimeError):
+    """Some work items of a job failed transiently after every retry of their requests; the job's rq Retry runs it
+    again (the worker pool reports it in one line, like a :class:`DraftsmithError`)."""

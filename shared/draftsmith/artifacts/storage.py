@@ -8,7 +8,10 @@ leaves the previous content in place.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+
+from draftsmith.errors import DiskSpaceError
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -37,3 +40,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Text variant of :func:`atomic_write_bytes` (UTF-8)."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def check_disk(path: Path, min_free_gb: float, mkdir: bool = True) -> None:
+    """Raises DiskSpaceError when the filesystem of ``path`` has less than ``min_free_gb`` GB free."""
+    if mkdir:
+        path.mkdir(parents=True, exist_ok=True)
+    elif not path.exists():
+        return
+    free = shutil.disk_usage(path).free / 1e9
+    if free < min_free_gb:
+        raise DiskSpaceError(
+            f"only {free:.2f} GB free under {path} (generation.min_free_disk_gb = {min_free_gb})",
+            "free some space or point runs_dir at a bigger disk; finished shards are kept",
+        )

@@ -76,6 +76,7 @@ def worker(
     metrics_addr: str = setting_option("metrics.addr", "--metrics-addr"),
 ) -> None:
     """Run the rq worker pool (generation and/or extraction jobs)."""
+    import draftsmith.generation.jobs  # noqa: F401  (registers its pool hooks; loaded once here, inherited by forks)
     from draftsmith.jobqueue.pool import run_pool
     from draftsmith.jobqueue.queues import queue_name
 

@@ -10,7 +10,6 @@ worker is gone (killed after it dequeued or started the job) is requeued at once
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +17,8 @@ from typing import Any
 
 from rq import Retry
 
-from draftsmith.artifacts.storage import atomic_write_text
+from draftsmith.artifacts.storage import atomic_write_text, check_disk
 from draftsmith.config import Settings
-from draftsmith.errors import DiskSpaceError
 from draftsmith.generation.job_ids import JOB_FUNC, RESULT_TTL_S, job_id_for
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
@@ -46,20 +44,6 @@ class EnqueueReport:
     duplicates: int = 0
     model: str | None = None
     queue: str | None = None
-
-
-def check_disk(path: Path, min_free_gb: float, mkdir: bool = True) -> None:
-    """Raises DiskSpaceError when the filesystem of ``path`` has less than ``min_free_gb`` GB free."""
-    if mkdir:
-        path.mkdir(parents=True, exist_ok=True)
-    elif not path.exists():
-        return
-    free = shutil.disk_usage(path).free / 1e9
-    if free < min_free_gb:
-        raise DiskSpaceError(
-            f"only {free:.2f} GB free under {path} (generation.min_free_disk_gb = {min_free_gb})",
-            "free some space or point runs_dir at a bigger disk; finished shards are kept",
-        )
 
 
 def job_settings(s: Settings) -> dict[str, Any]:

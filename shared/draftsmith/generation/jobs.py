@@ -21,24 +21,31 @@ from typing import Any
 
 from draftsmith.artifacts.records import RECORD_SCHEMA
 from draftsmith.config import Settings, secret_value
-from draftsmith.errors import DiskSpaceError
-from draftsmith.generation.client import ChatClient, ChatError
+from draftsmith.errors import DiskSpaceError, TransientFailures
+from draftsmith.generation.client import ChatClient, ChatError, warm_http
 from draftsmith.generation.progress import ProgressBoard, ProgressTally
-from draftsmith.generation.runcache import done_index, prompt_index
+from draftsmith.generation.runcache import done_index, prompt_index, warm
 from draftsmith.generation.store import write_shard
 from draftsmith.generation.tail import enqueue_tail, hand_off, handed_off
+from draftsmith.jobqueue.hooks import at_pool_start, before_job
 from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
 from draftsmith.jobqueue.queues import get_queue
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
 
+# the worker pool's warm-ups for generation jobs (draftsmith.jobqueue.hooks): the TLS context and lazy imports once in
+# the pool process, the run's prompt and done indexes once per job in the worker; every work-horse inherits both
+at_pool_start(warm_http)
+
+
+@before_job
+def warm_run_caches(job_kwargs: dict[str, Any]) -> None:
+    """Read the prompt and done indexes of the job's run (``run_root`` in its kwargs) into this process's caches."""
+    warm(job_kwargs.get("run_root") or "")
+
 API_KEY_ENV = "DRAFTSMITH_TARGET__API_KEY"
 URL_ENV = "DRAFTSMITH_TARGET__URL"
-
-
-class TransientFailures(RuntimeError):
-    """Some prompts of the job failed transiently after every retry; rq's Retry runs the job again."""
 
 
 class Straggler(Exception):

@@ -178,13 +178,12 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
     prepare_multiprocess_dir(mp_dir)
     from rq.serializers import JSONSerializer
 
-    import draftsmith.generation.jobs  # noqa: F401  (loaded once here, inherited by every fork)
-    from draftsmith.generation.client import warm_http
+    from draftsmith.jobqueue.hooks import run_at_pool_start
     from draftsmith.jobqueue.inflight import InflightCap
     from draftsmith.jobqueue.queues import connect, get_queue
     from draftsmith.metrics import serve_metrics
 
-    warm_http()  # TLS context and lazy imports done once here, inherited by every worker and work-horse
+    run_at_pool_start()  # the stages' imports and warm-ups, done once here and inherited by every fork (hooks.py)
     client = connect(s.redis.url)
     if "generate" in stages:
         InflightCap(client, s.redis.prefix, s.generation.concurrency, stage="generate").set_cap(

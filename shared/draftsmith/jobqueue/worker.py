@@ -21,6 +21,7 @@ from rq.scheduler import RQScheduler
 from rq.worker import SimpleWorker, Worker
 
 from draftsmith.errors import DiskSpaceError
+from draftsmith.jobqueue.hooks import run_before_job
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -124,12 +125,7 @@ class _DraftsmithWork:
             log.error("%s; this worker stops taking work (job %s is back in the queue)", e, job.id)
             self._stop_requested = True
             return
-        try:
-            from draftsmith.generation.runcache import warm
-
-            warm((job.kwargs or {}).get("run_root") or "")  # read once here, inherited by the horse
-        except (OSError, ValueError, KeyError) as e:
-            log.warning("job %s: run caches not warmed (%s); the job reads the run itself", job.id, e)
+        run_before_job(job.kwargs)  # the stage's caches read once here, inherited by the horse (hooks.py)
         if self.forks:
             gc.freeze()  # the horse's collector leaves the inherited heap alone: no copy-on-write of its pages
         super().execute_job(job, queue)
@@ -148,8 +144,7 @@ class _DraftsmithWork:
     def handle_exception(self, job, *exc_info):
         """A user-facing failure of a job (a full disk, prompts to retry) is one line; anything else keeps rq's
         full report with its traceback."""
-        from draftsmith.errors import DraftsmithError
-        from draftsmith.generation.jobs import TransientFailures
+        from draftsmith.errors import DraftsmithError, TransientFailures
 
         exc = exc_info[1] if len(exc_info) > 1 else None
         if not isinstance(exc, DraftsmithError | TransientFailures):
@@ -247,7 +242,7 @@ def check_job_disk(job) -> None:
     root, settings = kw.get("run_root"), kw.get("settings") or {}
     if not root:
         return
-    from draftsmith.generation.enqueue import check_disk
+    from draftsmith.artifacts.storage import check_disk
 
     min_gb = float((settings.get("generation") or {}).get("min_free_disk_gb", 0) or 0)
     check_disk(Path(root), max(min_gb, MIN_FREE_BYTES / 1e9), mkdir=False)
