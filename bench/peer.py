@@ -2,7 +2,7 @@
 
 Both sides get the same samples (a draftsmith run's ``data/``: token ids and loss masks of the regenerated
 conversations), the same drafter shape (one decoder layer), the same TTT depth, the same draft vocabulary size and
-the same number of epochs. draftsmith trains with its demo recipe (``draftsmith.demo.RECIPE``, the learning rate of
+the same number of epochs. draftsmith trains with its demo recipe (``draftsmith.demo_sizes.RECIPE``, the learning rate of
 the demo size the data come from) on its stored features; speculators trains with its own defaults in its own
 virtualenv (``scripts/peer-venv.sh``; the CPU patches are listed there), on hidden states made for it by
 ``bench/peer_speculators.py`` (the same aux layers, the last layer before the final norm, the same d2t/t2d), in
@@ -126,7 +126,7 @@ def quick_run(runs: Path, target: Path, samples: int, env: dict[str, str], logs:
 
 def train_ours(run: Path, work: Path, env: dict[str, str], a, logs: Path) -> Side:
     """draftsmith's drafter on ``run``'s data and features (linked, not copied), exported in the eagle3 layout."""
-    from draftsmith.demo import RECIPE
+    from draftsmith.demo_sizes import RECIPE
 
     mine = work / "runs" / "ours"
     mine.mkdir(parents=True)

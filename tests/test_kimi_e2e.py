@@ -39,7 +39,7 @@ def test_kimi_k25_layout_target_through_every_stage(tmp_path, redis_url):
     assert "draftsmith demo report (size kimi)" in out
 
     # the target is in Kimi-K2.5's layout, and the profile derives the flags the demo served it with
-    from draftsmith.demo import SIZES
+    from draftsmith.demo_sizes import SIZES
     from draftsmith.target.profile import target_profile
 
     target = Path(json.loads((run / "export" / "speculators" / "config.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 import torch
 from draftsmith import precision
 from draftsmith.config import Settings
-from draftsmith.demo import SIZES
+from draftsmith.demo_sizes import SIZES
 from draftsmith.target.server import VLLMServerSpec
 
 

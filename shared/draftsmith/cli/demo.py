@@ -19,7 +19,8 @@ def demo(
 ) -> None:
     """Prepare and serve SmolLM2 on vLLM CPU, regenerate the bundled prompts, build data, extract, train,
     export and evaluate the drafter in vLLM; resumes finished stages."""
-    from draftsmith.demo import SIZES, Demo
+    from draftsmith.demo import Demo
+    from draftsmith.demo_sizes import SIZES
     from draftsmith.errors import ConfigError
 
     if size not in SIZES:
