@@ -3,7 +3,8 @@
 On the GPU host the target is the official vLLM or SGLang server (``compose.yaml``); this module is the embedded
 CPU default, also used by the evaluator to start the target with a drafter. CPU settings measured on 2-core
 x86 machines (``docs/benchmarks.md``): bind OpenMP to every core, reserve none, preload Intel OpenMP,
-serve in float32 (no native bf16 arithmetic here).
+serve in float32 (no native bf16 arithmetic here), run the model in the engine process (one busy core per
+answering server, not two: :meth:`VLLMServerSpec.single_process`).
 """
 
 from __future__ import annotations
