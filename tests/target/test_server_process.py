@@ -19,7 +19,9 @@ from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
     (["--tensor-parallel-size=2"], False),
     (["--distributed-executor-backend", "mp"], False),
 ])
-def test_the_engine_process_runs_the_model_without_tensor_parallelism(tmp_path, extra, single):
+def test_the_engine_process_runs_the_model_without_tensor_parallelism(tmp_path, monkeypatch, extra, single):
+    # an in-process vLLM engine earlier in this process (the extraction backend) leaves the variable set
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     spec = VLLMServerSpec(model=tmp_path, extra_args=extra)
     cmd = spec.command()
     assert spec.single_process() is single
