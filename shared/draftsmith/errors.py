@@ -48,6 +48,11 @@ class DiskSpaceError(DraftsmithError):
     """Free disk space is below what the stage needs."""
 
 
+class StorageError(DraftsmithError):
+    """The object store that holds the run (``runs_dir`` as a URL) cannot be reached, refuses access or lacks the
+    bucket."""
+
+
 class DataError(DraftsmithError):
     """Records, training data or features are missing, malformed or inconsistent."""
 

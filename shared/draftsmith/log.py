@@ -49,7 +49,7 @@ def setup_logging(level: str | int = "INFO", secrets: tuple[str | None, ...] = (
         root.addHandler(handler)
     _REDACT.secrets.update(x for x in secrets if x and len(x) >= 4)
     root.setLevel(level if isinstance(level, int) else level.upper())
-    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "asyncio"):
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "asyncio", "botocore", "aiobotocore", "s3fs"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

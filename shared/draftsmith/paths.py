@@ -47,8 +47,18 @@ class RunPaths:
 
     @property
     def root(self) -> Path:
-        """``<runs_dir>/<run>``."""
-        return Path(self.runs_dir) / self.run
+        """``<runs_dir>/<run>``: a :class:`~pathlib.Path`, or an :class:`upath.UPath` when ``runs_dir`` is an
+        object-store URL (:mod:`draftsmith.artifacts.location`)."""
+        from draftsmith.artifacts.location import run_location
+
+        return run_location(self.runs_dir) / self.run
+
+    @property
+    def remote(self) -> bool:
+        """Whether the run lives on an object store (``runs_dir`` is a URL)."""
+        from draftsmith.artifacts.location import is_remote
+
+        return is_remote(self.runs_dir)
 
     @property
     def config(self) -> Path:
@@ -152,7 +162,17 @@ class RunPaths:
         return checkpoints.latest_path(self.checkpoints)
 
     def ensure(self, *folders: Path) -> None:
-        """Create the run root and the given sub-folders."""
+        """Create the run root and the given sub-folders; on an object store (no folders there) check that the
+        store answers and its bucket exists instead.
+
+        Raises:
+            StorageError: the object store is unreachable, refuses access or lacks the bucket.
+        """
+        if self.remote:
+            from draftsmith.artifacts.location import probe
+
+            probe(self.root)
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         for f in folders:
             Path(f).mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.artifacts.location import is_remote, run_location
+
 STALL_MIN_S = 300.0  # no new record for this long (or 10 mean request latencies, if longer) while work is pending
 
 
@@ -100,7 +102,7 @@ def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
     from draftsmith.jobqueue.liveness import JobState, census
     from draftsmith.jobqueue.queues import get_queue
 
-    root = Path(run_root)
+    root = run_location(run_root)
     prompts = set(load_prompts(root / "prompts.jsonl"))
     done = done_ids(root / "records") & prompts
     missing = prompts - done
@@ -127,6 +129,16 @@ def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
     return out
 
 
+def _free_gb(run_root: Path) -> float:
+    """Free GB of the disk that holds (or will hold) ``run_root``; infinite on an object store (no disk here)."""
+    if is_remote(run_root):
+        return float("inf")
+    probe = Path(run_root)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free / 1e9
+
+
 def diagnose(snap, health: QueueHealth | None, progress: dict[str, str], run_root: Path, run: str,
              min_free_gb: float, now: float | None = None) -> Verdict | None:
     """The verdict for a run that is not done, or None when it is progressing (or done).
@@ -142,10 +154,7 @@ def diagnose(snap, health: QueueHealth | None, progress: dict[str, str], run_roo
     now = time.time() if now is None else now
     missing = snap.total - snap.done
     again = f"`draftsmith enqueue --run {run}` re-enqueues every prompt without a record"
-    probe = Path(run_root)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    free_gb = shutil.disk_usage(probe).free / 1e9
+    free_gb = _free_gb(run_root)
     if free_gb < min_free_gb:
         return Verdict("stalled", f"disk full: {free_gb:.2f} GB free under {run_root} (generation.min_free_disk_gb "
                        f"= {min_free_gb}), {missing} prompts without a record",

@@ -47,6 +47,10 @@ def detect_host(runs_dir: Path) -> Host:
         gpus, mem = len(out), min(float(x) for x in out) / 1024 if out else 0.0  # MiB -> GiB, the smallest GPU
     except (OSError, subprocess.SubprocessError, ValueError):
         pass
+    from draftsmith.artifacts.location import is_remote
+
+    if is_remote(runs_dir):  # an object store: no local disk to fill
+        return Host(gpus, mem, float("inf"))
     p = Path(runs_dir).resolve()
     while not p.exists():
         p = p.parent

@@ -90,7 +90,7 @@ def test_leases_of_a_cancelled_exchange_are_returned_when_the_job_ends(redis_url
         await blocker
 
     asyncio.run(job())
-    assert cap.in_flight() == 0, r.zcard("dstest:inflight:generate")
+    assert cap.in_flight() == 0, r.zcard(cap.key)
 
 
 def test_a_released_lease_goes_straight_to_a_waiting_request_of_the_same_job(redis_url):

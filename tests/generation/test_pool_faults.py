@@ -19,7 +19,7 @@ import pytest
 import redis
 from draftsmith.generation.enqueue import enqueue, job_settings
 from draftsmith.generation.store import iter_records
-from draftsmith.jobqueue.inflight import InflightCap
+from draftsmith.jobqueue.inflight import InflightCap, owner_id
 from draftsmith.target.server import free_port
 from pool_helpers import (
     Stub,
@@ -71,8 +71,10 @@ def test_extract_pool_does_not_change_the_generators_cap(tmp_path, redis_url):
         p = start_pool(s, "--burst", "--metrics-port", "0", *args)
         out = wait_pool(p, 120)
         assert p.returncode == 0, out
-    cap = InflightCap(redis.Redis.from_url(redis_url), "dstest", 128, stage="generate")
+    cap = InflightCap(redis.Redis.from_url(redis_url), "dstest", 128, stage="generate", target=s.target.url)
     assert cap.cap() == 7
+    # another target behind the same Redis keeps its own cap (its pool sets it; until then, the default)
+    assert InflightCap(redis.Redis.from_url(redis_url), "dstest", 128, target="http://other:8000").cap() == 128
 
 
 def test_killed_work_horse_returns_its_leases_and_gauge(tmp_path, redis_url):
@@ -82,7 +84,7 @@ def test_killed_work_horse_returns_its_leases_and_gauge(tmp_path, redis_url):
     port = free_port()
     pool = start_pool(s, "--metrics-port", str(port), "--concurrency", "16")
     r = redis.Redis.from_url(redis_url)
-    cap = InflightCap(r, "dstest", 16, stage="generate")
+    cap = InflightCap(r, "dstest", 16, stage="generate", target=stub.url)
     try:
         assert wait_for(lambda: stub.stats()["inflight"] == 4, 90), stub.stats()
         assert cap.in_flight() == 4
@@ -98,7 +100,7 @@ def test_killed_work_horse_returns_its_leases_and_gauge(tmp_path, redis_url):
         (horse,) = horses_of(worker)
         horse.send_signal(signal.SIGKILL)
         # returned by the worker that saw its horse die: seconds, not the hour the old lease lived
-        assert wait_for(lambda: cap.in_flight() == 0, 20), r.zrange("dstest:inflight:generate", 0, -1)
+        assert wait_for(lambda: cap.in_flight() == 0, 20), r.zrange(cap.key, 0, -1)
         assert gauge() == 0.0
     finally:
         out = stop_pool(pool)
@@ -116,7 +118,7 @@ def test_leases_of_a_live_request_are_renewed_and_expire_after_a_lost_holder(red
     assert cap.in_flight() == 1
     time.sleep(1.8)  # the holder stops renewing (its machine is gone): the lease expires by itself
     assert cap.in_flight() == 0
-    assert tok.startswith(f"{os.uname().nodename}:{os.getpid()}:")
+    assert tok.startswith(f"{owner_id()}:") and owner_id().endswith(f":{os.getpid()}")
 
 
 @pytest.mark.slow

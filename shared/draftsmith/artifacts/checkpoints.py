@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftsmith.artifacts.location import run_location
+
 STATE_SCHEMA = "draftsmith.checkpoint/1"
 LATEST_FILE = "latest.json"
 STATE_FILE = "state.json"
@@ -29,7 +31,7 @@ def folder_name(step: int) -> str:
 
 def latest_path(checkpoints_dir: Path) -> Path:
     """``checkpoints/latest.json``."""
-    return Path(checkpoints_dir) / LATEST_FILE
+    return run_location(checkpoints_dir) / LATEST_FILE
 
 
 def write_latest(checkpoints_dir: Path, name: str, step: int) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from draftsmith.artifacts.location import run_location
 from draftsmith.errors import DataError
 
 DATA_SCHEMA = "draftsmith.data/1"
@@ -57,22 +58,22 @@ def shard_file(index: int) -> str:
 
 def manifest_path(data_dir: Path) -> Path:
     """``data/manifest.json``."""
-    return Path(data_dir) / MANIFEST_FILE
+    return run_location(data_dir) / MANIFEST_FILE
 
 
 def stats_path(data_dir: Path) -> Path:
     """``data/stats.json``."""
-    return Path(data_dir) / STATS_FILE
+    return run_location(data_dir) / STATS_FILE
 
 
 def vocab_dir(data_dir: Path) -> Path:
     """``data/vocab/``."""
-    return Path(data_dir) / VOCAB_DIR
+    return run_location(data_dir) / VOCAB_DIR
 
 
 def output_files(data_dir: Path) -> list[Path]:
     """What marks a build as done and must go before a new build starts: the shards and the manifest."""
-    data_dir = Path(data_dir)
+    data_dir = run_location(data_dir)
     return list(data_dir.glob(SHARD_GLOB)) + [manifest_path(data_dir)]
 
 
@@ -141,7 +142,7 @@ def read_shard(data_dir: Path, entry: ShardEntry) -> DataShard:
     """
     from safetensors.torch import load_file
 
-    f = Path(data_dir) / entry["file"]
+    f = run_location(data_dir) / entry["file"]
     if not f.is_file():
         raise DataError(f"data shard {f} listed in the manifest is missing", "rebuild the data")
     t = load_file(str(f))

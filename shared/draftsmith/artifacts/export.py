@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftsmith.artifacts.location import run_location
 from draftsmith.errors import ModelError
 
 # Hugging Face's names (transformers.utils.CONFIG_NAME / SAFE_WEIGHTS_NAME), spelled here so that reading them
@@ -41,17 +42,17 @@ def layout_dir(export_root: Path, layout: str) -> Path:
     Raises:
         ValueError: ``layout`` is not one of :data:`LAYOUTS`.
     """
-    return Path(export_root) / check_layout(layout)
+    return run_location(export_root) / check_layout(layout)
 
 
 def config_path(folder: Path) -> Path:
     """An export folder's ``config.json``."""
-    return Path(folder) / CONFIG_FILE
+    return run_location(folder) / CONFIG_FILE
 
 
 def weights_path(folder: Path) -> Path:
     """An export folder's ``model.safetensors``."""
-    return Path(folder) / WEIGHTS_FILE
+    return run_location(folder) / WEIGHTS_FILE
 
 
 def layout_of(config: dict) -> str | None:

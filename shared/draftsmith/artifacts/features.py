@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.location import run_location
 from draftsmith.errors import DataError
 
 FEATURES_SCHEMA = "draftsmith.features/1"
@@ -32,7 +33,7 @@ def sidecar_file(index: int) -> str:
 
 def manifest_path(features_dir: Path) -> Path:
     """``features/manifest.json``."""
-    return Path(features_dir) / MANIFEST_FILE
+    return run_location(features_dir) / MANIFEST_FILE
 
 
 def write_manifest(features_dir: Path, manifest: dict[str, Any]) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from draftsmith.artifacts.location import run_location
 
 RECORD_SCHEMA = "draftsmith.record/1"
 SHARD_SCHEMA = "draftsmith.record-shard/1"
@@ -25,30 +27,32 @@ LOCK_FILE = ".lock"
 
 
 def manifest_path(records_dir: Path) -> Path:
-    """``records/manifest.json``."""
-    return Path(records_dir) / MANIFEST_FILE
+    """``records/manifest.json`` (a local path, or an object on the run's store)."""
+    from draftsmith.artifacts.location import run_location
+
+    return run_location(records_dir) / MANIFEST_FILE
 
 
 def sidecar_of(shard: Path) -> Path:
     """The sidecar ``<job>.meta.json`` of shard ``<job>.jsonl``."""
-    shard = Path(shard)
+    shard = run_location(shard)
     return shard.with_name(shard.name[: -len(SHARD_SUFFIX)] + SIDECAR_SUFFIX)
 
 
 def shard_of(sidecar: Path) -> Path:
     """The shard ``<job>.jsonl`` of sidecar ``<job>.meta.json``."""
-    sidecar = Path(sidecar)
+    sidecar = run_location(sidecar)
     return sidecar.with_name(sidecar.name[: -len(SIDECAR_SUFFIX)] + SHARD_SUFFIX)
 
 
 def sidecar_files(records_dir: Path) -> list[Path]:
     """The shard sidecars of a records folder, sorted by name (hidden temporary files left out)."""
-    return sorted(p for p in Path(records_dir).glob("*" + SIDECAR_SUFFIX) if not p.name.startswith("."))
+    return sorted(p for p in run_location(records_dir).glob("*" + SIDECAR_SUFFIX) if not p.name.startswith("."))
 
 
 def shard_files(records_dir: Path) -> list[Path]:
     """The record shards (``*.jsonl`` files) of a records folder, sorted by name; sidecars are not shards."""
-    return sorted(p for p in Path(records_dir).glob("*" + SHARD_SUFFIX) if p.is_file())
+    return sorted(p for p in run_location(records_dir).glob("*" + SHARD_SUFFIX) if p.is_file())
 
 
 def read_sidecar(path: Path) -> dict[str, Any]:
@@ -57,7 +61,7 @@ def read_sidecar(path: Path) -> dict[str, Any]:
     Raises:
         OSError, ValueError: the file is unreadable or not JSON (callers turn this into their DataError).
     """
-    return json.loads(Path(path).read_text())
+    return json.loads(run_location(path).read_text())
 
 
 def read_manifest(records_dir: Path) -> dict[str, Any] | None:
@@ -75,3 +79,19 @@ def write_manifest(records_dir: Path, manifest: dict[str, Any]) -> None:
     from draftsmith.artifacts.storage import atomic_write_text
 
     atomic_write_text(manifest_path(records_dir), json.dumps(manifest, indent=1))
+
+
+class RecordTally(NamedTuple):
+    """What the shard sidecars say is done: ``ids`` of prompts with a record, ``errors`` (records of permanent
+    errors) and ``cut`` (records whose answer stopped at ``generation.max_tokens`` or the context: a turn with
+    ``finish_reason: length``; counted among the successes, but not whole)."""
+
+    ids: set[str]
+    errors: int
+    cut: int
+
+
+def cut_answer(record: dict[str, Any]) -> bool:
+    """Whether an ``ok`` record has a turn that stopped at its length limit (``finish_reason: length``)."""
+    return record.get("status") == "ok" and any(
+        (t or {}).get("finish_reason") == "length" for t in record.get("turns") or [])

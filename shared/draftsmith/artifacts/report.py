@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.location import run_location
+
 REPORT_SCHEMA = "draftsmith.eval-report/1"
 JSON_FILE = "report.json"
 MARKDOWN_FILE = "report.md"
@@ -20,7 +22,7 @@ PROM_FILE = "metrics.prom"
 
 def report_paths(eval_dir: Path) -> dict[str, Path]:
     """``{"json", "md", "png", "prom"}`` -> the report's files in ``eval_dir``."""
-    d = Path(eval_dir)
+    d = run_location(eval_dir)
     return {"json": d / JSON_FILE, "md": d / MARKDOWN_FILE, "png": d / PNG_FILE, "prom": d / PROM_FILE}
 
 

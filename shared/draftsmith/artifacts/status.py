@@ -12,8 +12,10 @@ STATUS_DIR = "status"
 
 
 def snapshot_path(run_root: Path, stage: str) -> Path:
-    """``runs/<run>/status/<stage>.json``."""
-    return Path(run_root) / STATUS_DIR / f"{stage}.json"
+    """``runs/<run>/status/<stage>.json`` (a local path, or an object of a run on a store)."""
+    from draftsmith.artifacts.location import run_location
+
+    return run_location(run_root) / STATUS_DIR / f"{stage}.json"
 
 
 PHASES = ("running", "done", "failed", "skipped")
@@ -50,8 +52,10 @@ def write_snapshot(run_root: Path, stage: str, phase: str, line: str, **numbers:
 
 def read_snapshots(run_root: Path) -> list[dict]:
     """Every stage snapshot of a run, least recently updated first (unreadable files are left out)."""
+    from draftsmith.artifacts.location import run_location
+
     out = []
-    for p in sorted((Path(run_root) / STATUS_DIR).glob("*.json")):
+    for p in sorted((run_location(run_root) / STATUS_DIR).glob("*.json")):
         try:
             snap = json.loads(p.read_text())
         except (OSError, ValueError):

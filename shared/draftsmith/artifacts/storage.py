@@ -20,9 +20,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     The temporary file (``.<name>.tmp-<pid>``) is removed when the write fails (a full disk), so a failure leaves
     nothing behind; ``path`` keeps its previous content.
 
+    On an object store (``path`` an UPath, :mod:`draftsmith.artifacts.location`) one PUT does the same: readers see
+    the previous object or the new one.
+
     Raises:
         OSError: the write failed (ENOSPC on a full disk); nothing partial is visible.
+        StorageError: the object store failed.
     """
+    from draftsmith.artifacts.location import is_remote, write_bytes
+
+    if is_remote(path):
+        write_bytes(path, data)
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -43,7 +52,12 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def check_disk(path: Path, min_free_gb: float, mkdir: bool = True) -> None:
-    """Raises DiskSpaceError when the filesystem of ``path`` has less than ``min_free_gb`` GB free."""
+    """Raises DiskSpaceError when the filesystem of ``path`` has less than ``min_free_gb`` GB free (an object store
+    has no disk to check here: its own errors say when it is full)."""
+    from draftsmith.artifacts.location import is_remote
+
+    if is_remote(path):
+        return
     if mkdir:
         path.mkdir(parents=True, exist_ok=True)
     elif not path.exists():

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.location import run_location
+
 VOCAB_SCHEMA = "draftsmith.vocab/1"
 COUNTS_FILE = "counts.safetensors"
 DRAFT_GLOB = "draft-*.safetensors"
@@ -19,22 +21,22 @@ DRAFT_GLOB = "draft-*.safetensors"
 
 def counts_path(vocab_dir: Path) -> Path:
     """``vocab/counts.safetensors``."""
-    return Path(vocab_dir) / COUNTS_FILE
+    return run_location(vocab_dir) / COUNTS_FILE
 
 
 def mapping_path(vocab_dir: Path, n: int) -> Path:
     """``vocab/draft-<n>.safetensors`` (the ``d2t`` / ``t2d`` tensors)."""
-    return Path(vocab_dir) / f"draft-{n}.safetensors"
+    return run_location(vocab_dir) / f"draft-{n}.safetensors"
 
 
 def meta_path(vocab_dir: Path, n: int) -> Path:
     """``vocab/draft-<n>.json`` (the metadata of :func:`mapping_path`)."""
-    return Path(vocab_dir) / f"draft-{n}.json"
+    return run_location(vocab_dir) / f"draft-{n}.json"
 
 
 def mapping_files(vocab_dir: Path) -> list[str]:
     """Names of the draft vocabularies present (``draft-N.safetensors``), sorted."""
-    return sorted(p.name for p in Path(vocab_dir).glob(DRAFT_GLOB))
+    return sorted(p.name for p in run_location(vocab_dir).glob(DRAFT_GLOB))
 
 
 def write_meta(vocab_dir: Path, n: int, meta: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from rq import Retry
 
+from draftsmith.artifacts.location import run_key
 from draftsmith.artifacts.storage import atomic_write_text, check_disk
 from draftsmith.config import Settings
 from draftsmith.generation.job_ids import JOB_FUNC, RESULT_TTL_S, job_id_for
@@ -63,8 +64,8 @@ def job_settings(s: Settings) -> dict[str, Any]:
 
 def of_run(run_root: Path) -> Callable[[Any], bool]:
     """Predicate: the job belongs to the run at ``run_root`` (its ``run_root`` keyword argument)."""
-    want = str(Path(run_root).resolve())
-    return lambda job: str(Path((job.kwargs or {}).get("run_root", "")).resolve()) == want
+    want = run_key(run_root)
+    return lambda job: run_key((job.kwargs or {}).get("run_root", "")) == want
 
 
 def prompt_ids(jobs: Iterable[Any]) -> set[str]:
@@ -253,7 +254,7 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
         queue.enqueue(
             JOB_FUNC, job_id=jid, retry=retry, job_timeout=s.generation.job_timeout_s, result_ttl=RESULT_TTL_S,
             failure_ttl=30 * 86400, description=f"generate {len(ids)} prompts for {paths.run}",
-            kwargs={"run_root": str(paths.root.resolve()), "job_id": jid, "prompt_ids": ids, "model": model,
+            kwargs={"run_root": run_key(paths.root), "job_id": jid, "prompt_ids": ids, "model": model,
                     "settings": settings_json},
         )
         report.jobs.append(jid)

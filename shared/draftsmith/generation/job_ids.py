@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from draftsmith.artifacts.location import run_key
+
 JOB_FUNC = "draftsmith.generation.jobs.generate_job"
 RESULT_TTL_S = 3600  # a finished job's result is read by nobody: disk is the truth; keep it an hour for debugging
 
@@ -16,7 +18,7 @@ RESULT_TTL_S = 3600  # a finished job's result is read by nobody: disk is the tr
 def job_id_for(run_root: Path, prompt_ids: list[str]) -> str:
     """Deterministic job id of a batch: ``gen-`` + sha1 of the run folder and the batch's ids (20 hex digits), so
     the same batch enqueued twice is one job."""
-    h = hashlib.sha1(str(Path(run_root).resolve()).encode())
+    h = hashlib.sha1(run_key(run_root).encode())
     for i in prompt_ids:
         h.update(i.encode())
     return "gen-" + h.hexdigest()[:20]

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.location import run_location
 from draftsmith.artifacts.records import RECORD_SCHEMA
 from draftsmith.config import Settings, secret_value
 from draftsmith.errors import DiskSpaceError, TransientFailures
@@ -200,7 +201,8 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
     ``handoff_s`` seconds to ``on_straggler`` (a blocking call, run in a thread). Returns the number of transient
     failures."""
     g = s.generation
-    cap = InflightCap(rc, s.redis.prefix, g.concurrency, stage="generate")
+    target_url = os.environ.get(URL_ENV) or s.target.url  # the worker's own target wins (a pool beside its replica)
+    cap = InflightCap(rc, s.redis.prefix, g.concurrency, stage="generate", target=target_url)
     broker = LeaseBroker(cap)  # the requests' leases, one Redis round trip per tick
     progress = ProgressBoard(rc, s.redis.prefix, run_root)
     progress.start_if_unset()
@@ -215,7 +217,7 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
 
     # the worker's own target wins (a pool next to its server replica); else the URL enqueue checked
     api_key = secret_value(s.target.api_key) or os.environ.get(API_KEY_ENV)
-    client = ChatClient(os.environ.get(URL_ENV) or s.target.url, model, api_key=api_key,
+    client = ChatClient(target_url, model, api_key=api_key,
                         request_timeout_s=g.request_timeout_s, connect_timeout_s=g.connect_timeout_s,
                         max_retries=g.max_retries, backoff_s=g.backoff_s, on_error=count_error)
     failed = 0
@@ -295,7 +297,7 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
     from draftsmith import metrics as M
 
     s = Settings.model_validate(settings)
-    root = Path(run_root)
+    root = run_location(run_root)
     records_dir = root / "records"
     prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed
     done = done_index(records_dir)

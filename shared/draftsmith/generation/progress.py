@@ -14,12 +14,13 @@ from pathlib import Path
 
 import redis
 
+from draftsmith.artifacts.location import run_key, run_location
 from draftsmith.generation.store import load_prompts, record_tally
 
 
 def progress_key(prefix: str, run_root: Path) -> str:
     """Redis key of a run's progress hash (the run folder identifies the run)."""
-    return f"{prefix}:progress:{Path(run_root).resolve()}"
+    return f"{prefix}:progress:{run_key(run_root)}"
 
 
 class ProgressBoard:
@@ -147,13 +148,13 @@ def snapshot(client: redis.Redis | None, prefix: str, run_root: Path) -> Progres
     """
     from draftsmith.jobqueue.inflight import InflightCap
 
-    run_root = Path(run_root)
+    run_root = run_location(run_root)
     h: dict[str, str] = {}
     in_flight = 0
     if client is not None:
         try:
             h = ProgressBoard(client, prefix, run_root).read()
-            in_flight = InflightCap(client, prefix, 1, 0).in_flight()
+            in_flight = InflightCap(client, prefix, 1, 0).in_flight_all_targets()
         except redis.RedisError:
             h = {}
     tally = record_tally(run_root / "records")

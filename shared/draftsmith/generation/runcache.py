@@ -20,7 +20,7 @@ from typing import Any
 
 from draftsmith.artifacts import records as records_artifact
 
-_PROMPTS: dict[Path, PromptIndex] = {}
+_PROMPTS: dict[Any, PromptIndex | ObjectPromptIndex] = {}
 _DONE: dict[Path, DoneIndex] = {}
 
 
@@ -106,8 +106,52 @@ class DoneIndex:
         return len(self.ids)
 
 
+class ObjectPromptIndex:
+    """The prompts of a ``prompts.jsonl`` on an object store, held in memory and read again when its ETag (or size)
+    changes (``enqueue`` replaces the object whole); one HEAD per refresh."""
+
+    def __init__(self, path) -> None:
+        from draftsmith.artifacts.location import run_key
+
+        self.url = run_key(path)  # a string: the store's client is made again in a forked work-horse
+        self.prompts: dict[str, dict[str, Any]] = {}
+        self._version: tuple[Any, Any] | None = None
+
+    def refresh(self) -> None:
+        """Read the object again when it changed."""
+        from draftsmith.artifacts.location import describe_store_error, read_bytes, run_location
+
+        path = run_location(self.url)  # fsspec's clients are not fork-safe; its cache is emptied in a new process
+        try:
+            info = path.fs.info(path.path)
+        except FileNotFoundError:
+            self.prompts, self._version = {}, None
+            return
+        except Exception as e:
+            raise describe_store_error(path, e) from e
+        v = (info.get("ETag") or info.get("etag"), info.get("size"))
+        if v != self._version:
+            lines = read_bytes(path).decode("utf-8").splitlines()
+            prompts = (json.loads(line) for line in lines if line.strip())
+            self.prompts, self._version = {p["id"]: p for p in prompts}, v
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def get(self, ids: list[str]) -> list[dict[str, Any]]:
+        """The prompts ``ids`` that exist, in the order given."""
+        return [self.prompts[i] for i in ids if i in self.prompts]
+
+
 def prompt_index(path: Path) -> PromptIndex:
-    """This process's :class:`PromptIndex` of ``path``, refreshed."""
+    """This process's :class:`PromptIndex` of ``path`` (an :class:`ObjectPromptIndex` on an object store),
+    refreshed."""
+    from draftsmith.artifacts.location import is_remote, run_key
+
+    if is_remote(path):
+        idx = _PROMPTS.setdefault(run_key(path), ObjectPromptIndex(path))
+        idx.refresh()
+        return idx
     key = Path(path).resolve()
     idx = _PROMPTS.setdefault(key, PromptIndex(key))
     idx.refresh()
@@ -115,7 +159,14 @@ def prompt_index(path: Path) -> PromptIndex:
 
 
 def done_index(records_dir: Path) -> DoneIndex:
-    """This process's :class:`DoneIndex` of ``records_dir``, refreshed."""
+    """This process's :class:`DoneIndex` of ``records_dir`` (an
+    :class:`~draftsmith.generation.object_records.ObjectDoneIndex` on an object store), refreshed."""
+    from draftsmith.artifacts.location import is_remote
+
+    if is_remote(records_dir):
+        from draftsmith.generation.object_records import done_index as object_done_index
+
+        return object_done_index(records_dir)
     key = Path(records_dir).resolve()
     idx = _DONE.setdefault(key, DoneIndex(key))
     idx.refresh()
@@ -124,7 +175,9 @@ def done_index(records_dir: Path) -> DoneIndex:
 
 def warm(run_root: str | Path) -> None:
     """Refresh the caches of a run in this process (the rq worker calls it before forking a work-horse)."""
-    root = Path(run_root)
+    from draftsmith.artifacts.location import run_location
+
+    root = run_location(run_root)
     if root.is_dir():
         prompt_index(root / "prompts.jsonl")
         done_index(root / "records")

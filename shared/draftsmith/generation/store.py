@@ -18,13 +18,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from draftsmith.artifacts import records as artifact
+from draftsmith.artifacts.location import is_remote
 from draftsmith.artifacts.provenance import code_version
-from draftsmith.artifacts.records import MANIFEST_SCHEMA, RECORD_SCHEMA, SHARD_SCHEMA  # noqa: F401 (re-exported)
+from draftsmith.artifacts.records import (  # noqa: F401 (re-exported)
+    MANIFEST_SCHEMA,
+    RECORD_SCHEMA,
+    SHARD_SCHEMA,
+    RecordTally,
+    cut_answer,
+)
 from draftsmith.artifacts.storage import atomic_write_text
-from draftsmith.errors import DataError
+from draftsmith.errors import DataError, StorageError
 
 
 @contextmanager
@@ -52,22 +59,6 @@ def done_ids(records_dir: Path) -> set[str]:
     return record_tally(records_dir)[0]
 
 
-class RecordTally(NamedTuple):
-    """What the shard sidecars say is done: ``ids`` of prompts with a record, ``errors`` (records of permanent
-    errors) and ``cut`` (records whose answer stopped at ``generation.max_tokens`` or the context: a turn with
-    ``finish_reason: length``; counted among the successes, but not whole)."""
-
-    ids: set[str]
-    errors: int
-    cut: int
-
-
-def cut_answer(record: dict[str, Any]) -> bool:
-    """Whether an ``ok`` record has a turn that stopped at its length limit (``finish_reason: length``)."""
-    return record.get("status") == "ok" and any(
-        (t or {}).get("finish_reason") == "length" for t in record.get("turns") or [])
-
-
 def record_tally(records_dir: Path) -> RecordTally:
     """The prompts that have a record, how many of those records are permanent errors (``status: error``) and how
     many answers were cut at their length limit, read from the shard sidecars (the source of truth for what is
@@ -76,6 +67,10 @@ def record_tally(records_dir: Path) -> RecordTally:
     Raises:
         DataError: a shard sidecar is unreadable (the message names it and the fix).
     """
+    if is_remote(records_dir):
+        from draftsmith.generation import object_records
+
+        return object_records.record_tally(records_dir)
     ids: set[str] = set()
     errors = cut = 0
     if not records_dir.is_dir():
@@ -101,6 +96,10 @@ def write_shard(records_dir: Path, name: str, records: list[dict[str, Any]]) -> 
     Raises:
         DiskSpaceError / OSError: the disk is full; nothing partial becomes visible.
     """
+    if is_remote(records_dir):
+        from draftsmith.generation import object_records
+
+        return object_records.write_shard(records_dir, name, records)
     from draftsmith.generation.runcache import done_index
 
     with records_lock(records_dir):
@@ -184,10 +183,13 @@ def sweep_records(records_dir: Path) -> dict[str, int]:
     """Remove what interrupted writers left in a records folder (under the lock, so no write is in progress):
     temporary files of atomic writes and shards without their ``.meta.json`` sidecar (never counted as done).
 
+    On an object store nothing is swept: no write is ever half-visible there, and a shard whose sidecar is missing
+    may be another host's write in progress (it is never read either way).
+
     Returns:
         ``{"temp_files": n, "orphan_shards": m}`` removed.
     """
-    if not records_dir.is_dir():
+    if is_remote(records_dir) or not records_dir.is_dir():
         return {"temp_files": 0, "orphan_shards": 0}
     with records_lock(records_dir):
         tmp = [p for p in records_dir.glob(".*.tmp-*")]
@@ -220,18 +222,29 @@ def _write_manifest(records_dir: Path) -> dict[str, Any]:
 def rebuild_manifest(records_dir: Path) -> dict[str, Any]:
     """Rebuild ``manifest.json`` and the journal ``shards.idx`` from the shard sidecars (under the lock).
 
-    ``enqueue`` calls it; writers only append to the journal (the manifest's running form).
+    ``enqueue`` calls it; writers only append to the journal (the manifest's running form). On an object store the
+    manifest is rebuilt from the listing (:func:`draftsmith.generation.object_records.rebuild_manifest`).
     """
+    if is_remote(records_dir):
+        from draftsmith.generation import object_records
+
+        return object_records.rebuild_manifest(records_dir)
     with records_lock(records_dir):
         return _write_manifest(records_dir)
 
 
 def iter_records(records_dir: Path) -> Iterator[dict[str, Any]]:
-    """Every record of every shard that has a sidecar, in shard order.
+    """Every record of every shard that has a sidecar, in shard order (on an object store: each prompt's first
+    record, :func:`draftsmith.generation.object_records.iter_records`).
 
     Raises:
         DataError: a shard line is not JSON (the message names the file and line).
     """
+    if is_remote(records_dir):
+        from draftsmith.generation import object_records
+
+        yield from object_records.iter_records(records_dir)
+        return
     for meta in _meta_files(records_dir):
         shard = artifact.shard_of(meta)
         with open(shard, encoding="utf-8") as f:
@@ -245,11 +258,31 @@ def iter_records(records_dir: Path) -> Iterator[dict[str, Any]]:
 
 
 def load_prompts(path: Path) -> dict[str, dict[str, Any]]:
-    """The run's prompts (``prompts.jsonl``) by id."""
+    """The run's prompts (``prompts.jsonl``, a local file or an object) by id; a missing file gives none.
+
+    Raises:
+        StorageError: the object store of a remote run cannot be reached (one line, the URL named).
+    """
     out: dict[str, dict[str, Any]] = {}
+    if is_remote(path):
+        from draftsmith.artifacts.location import describe_store_error, read_bytes
+
+        try:
+            text = read_bytes(path).decode("utf-8")
+        except FileNotFoundError:
+            return out
+        except StorageError:
+            raise
+        except Exception as e:
+            raise describe_store_error(path, e) from e
+        for line in text.splitlines():
+            if line.strip():
+                p = json.loads(line)
+                out[p["id"]] = p
+        return out
     if not path.is_file():
         return out
-    with open(path, encoding="utf-8") as f:
+    with path.open(encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 p = json.loads(line)

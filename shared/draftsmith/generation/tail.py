@@ -22,13 +22,14 @@ from typing import Any
 import redis
 from rq import Retry
 
+from draftsmith.artifacts.location import run_key, run_location
 from draftsmith.generation.job_ids import JOB_FUNC, RESULT_TTL_S, job_id_for
 from draftsmith.jobqueue.queues import fetch_job
 
 
 def tail_key(prefix: str, run_root: Path | str) -> str:
     """Redis key of a run's tail list (the run folder identifies the run, as for its progress hash)."""
-    return f"{prefix}:tail:{Path(run_root).resolve()}"
+    return f"{prefix}:tail:{run_key(run_root)}"
 
 
 def tail_ids(client: redis.Redis, prefix: str, run_root: Path | str) -> set[str]:
@@ -74,7 +75,7 @@ def enqueue_tail(queue, run_root: Path | str, prefix: str, batch_size: int, mode
         redis.RedisError: Redis does not answer (ids popped before the error are in no job; a resume finds them).
     """
     client, key = queue.connection, tail_key(prefix, run_root)
-    root = str(Path(run_root).resolve())
+    root = run_key(run_root)
     gen = settings.get("generation") or {}
     n_retries = int(gen.get("job_retries", 0))
     retry = Retry(max=n_retries, interval=[5, 30, 120][:n_retries]) if n_retries > 0 else None
@@ -86,14 +87,14 @@ def enqueue_tail(queue, run_root: Path | str, prefix: str, batch_size: int, mode
         if not ids:
             return out
         ids = list(dict.fromkeys(ids))  # an id handed off twice (a job retried between hand-off and pop) runs once
-        jid = job_id_for(Path(root), ["tail", *ids])
+        jid = job_id_for(root, ["tail", *ids])
         old = fetch_job(client, jid)
         if old is not None:
             old.delete()  # a finished or failed tail job of the very same prompts: theirs are pending again
         queue.enqueue(
             JOB_FUNC, job_id=jid, retry=retry, job_timeout=int(gen.get("job_timeout_s", 6 * 3600)),
             result_ttl=RESULT_TTL_S, failure_ttl=30 * 86400, at_front=True,
-            description=f"generate {len(ids)} handed-off prompts for {Path(root).name}",
+            description=f"generate {len(ids)} handed-off prompts for {run_location(root).name}",
             kwargs={"run_root": root, "job_id": jid, "prompt_ids": ids, "model": model, "settings": settings,
                     "tail": True},
         )

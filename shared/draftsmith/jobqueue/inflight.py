@@ -1,21 +1,24 @@
 """The in-flight cap shared by every worker: a Redis sorted-set semaphore with short, renewed, owned leases.
 
-Each request holds a lease: a member ``<host>:<pid>:<uuid>`` of a sorted set scored by its expiry time. The
+Each request holds a lease: a member ``<owner>:<pid>:<uuid>`` of a sorted set scored by its expiry time, where
+``<owner>`` is a random id drawn once per process tree (:func:`owner_id`): two containers, or two pid namespaces,
+with the same host name and the same pids never share an owner. The
 holder renews its leases every ``lease_s / 3`` seconds while it lives (:meth:`InflightCap.renew`), so a lease
 outlives its holder by at most ``lease_s`` (a whole machine lost), and the rq worker that saw its work-horse die
 returns that horse's leases at once (:meth:`InflightCap.release_owner`). A long request never loses its lease,
 whatever the request timeout.
 
-The cap is per stage: ``<prefix>:inflight:<stage>:cap``, set by a worker pool that serves that stage's queue from
-its ``generation.concurrency``, so an extraction pool with ``--concurrency 1`` never touches the generators' cap.
-Every job of every worker of the stage reads the same cap, across processes and machines.
+The cap is per stage and per target: ``<prefix>:inflight:<stage>:<target>:cap`` (``<target>`` the host and port of
+the target's URL, :func:`target_tag`), set by a worker pool that serves that stage's queue from its
+``generation.concurrency``, so an extraction pool with ``--concurrency 1`` never touches the generators' cap, and two
+targets behind one Redis keep a cap each. Every job of every worker of the stage that talks to the same target reads
+the same cap, across processes and machines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 import uuid
 
@@ -54,9 +57,26 @@ return granted
 DEFAULT_LEASE_S = 30.0
 
 
+# Drawn at import, before the rq worker forks its work-horses: a horse inherits its worker's id, so the worker can
+# name the leases of a horse that died (release_owner). A fresh interpreter (another worker, another host) draws anew.
+_PROCESS_TREE_ID = uuid.uuid4().hex[:12]
+
+
 def owner_id(pid: int | None = None) -> str:
-    """The lease owner tag of process ``pid`` (default: this one): ``<host>:<pid>``."""
-    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+    """The lease owner tag of process ``pid`` (default: this one) of this process tree: ``<random id>:<pid>``."""
+    return f"{_PROCESS_TREE_ID}:{os.getpid() if pid is None else pid}"
+
+
+def target_tag(url: str | None) -> str:
+    """The part of a cap's key that names the target: ``host:port`` of its URL, lower-case, without credentials
+    (``"default"`` when no URL is known)."""
+    if not url:
+        return "default"
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url if "://" in url else f"http://{url}")
+    host = (u.hostname or "default").lower()
+    return f"{host}:{u.port}" if u.port else host
 
 
 class InflightCap:
@@ -68,12 +88,14 @@ class InflightCap:
         default_cap: cap used when no pool has set one.
         lease_s: how long a lease lives without renewal, in seconds (the holder renews it every ``lease_s / 3``).
         stage: the stage whose cap this is (``generate``).
+        target: the target's URL (:func:`target_tag`): workers of different targets keep different caps.
     """
 
     def __init__(self, client: redis.Redis, prefix: str, default_cap: int, lease_s: float = DEFAULT_LEASE_S,
-                 stage: str = "generate") -> None:
+                 stage: str = "generate", target: str | None = None) -> None:
         self.client = client
-        self.key = f"{prefix}:inflight:{stage}"
+        self.prefix, self.stage = prefix, stage
+        self.key = f"{prefix}:inflight:{stage}:{target_tag(target)}"
         self.cap_key = f"{self.key}:cap"
         self.default_cap = default_cap
         self.lease_s = lease_s if lease_s and lease_s > 0 else DEFAULT_LEASE_S
@@ -147,17 +169,33 @@ class InflightCap:
             except redis.RedisError:
                 pass  # Redis away for a moment: the next renewal (or the lease's expiry) settles it
 
+    def _stage_keys(self) -> list[str]:
+        """The lease sets of this stage, every target's."""
+        keys = self.client.scan_iter(match=f"{self.prefix}:inflight:{self.stage}:*", _type="zset")
+        return sorted({k.decode() if isinstance(k, bytes) else k for k in keys} | {self.key})
+
     def release_owner(self, pid: int) -> int:
-        """Return every lease of process ``pid`` on this host (its holder died); returns how many."""
-        tokens = [m for m, _ in self.client.zscan_iter(self.key, match=f"{owner_id(pid)}:*")]
-        if tokens:
-            self.client.zrem(self.key, *tokens)
-        return len(tokens)
+        """Return every lease of process ``pid`` of this process tree (its holder died), whichever target it was
+        for; returns how many."""
+        n = 0
+        for key in self._stage_keys():
+            tokens = [m for m, _ in self.client.zscan_iter(key, match=f"{owner_id(pid)}:*")]
+            if tokens:
+                n += self.client.zrem(key, *tokens)
+        return n
 
     def in_flight(self) -> int:
-        """Live leases now (all workers)."""
+        """Live leases now (all workers) for this target."""
         self.client.zremrangebyscore(self.key, "-inf", time.time())
         return int(self.client.zcard(self.key))
+
+    def in_flight_all_targets(self) -> int:
+        """Live leases now of this stage, summed over every target."""
+        now, n = time.time(), 0
+        for key in self._stage_keys():
+            self.client.zremrangebyscore(key, "-inf", now)
+            n += int(self.client.zcard(key))
+        return n
 
 
 class LeaseBroker:

@@ -20,7 +20,7 @@ import redis
 from rq.worker_pool import WorkerPool
 
 from draftsmith.config import Settings
-from draftsmith.errors import DiskSpaceError
+from draftsmith.errors import DiskSpaceError, StorageError
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -59,6 +59,7 @@ class DraftsmithPool(WorkerPool):
     """rq's pool that stops as a whole when one of its workers stopped for a full disk."""
 
     disk_full = False
+    no_run_folder = False
     compact_every_s = 10.0
     _compacted_at = 0.0
     # A worker can miss its stop signal: one that arrives while the worker is still starting (before rq's handlers
@@ -109,15 +110,16 @@ class DraftsmithPool(WorkerPool):
     def handle_dead_worker(self, worker_data) -> None:
         """rq's bookkeeping, plus: drop the dead worker's live metrics; stop the pool after a full disk."""
         from draftsmith import metrics as M
-        from draftsmith.jobqueue.worker import DISK_FULL_EXIT
+        from draftsmith.jobqueue.worker import DISK_FULL_EXIT, NO_RUN_FOLDER_EXIT
 
         super().handle_dead_worker(worker_data)
         if M.multiprocess_enabled():
             from prometheus_client import multiprocess
 
             multiprocess.mark_process_dead(worker_data.pid)
-        if worker_data.process.exitcode == DISK_FULL_EXIT and not self.disk_full:
-            self.disk_full = True
+        code = worker_data.process.exitcode
+        if code in (DISK_FULL_EXIT, NO_RUN_FOLDER_EXIT) and not (self.disk_full or self.no_run_folder):
+            self.disk_full, self.no_run_folder = code == DISK_FULL_EXIT, code == NO_RUN_FOLDER_EXIT
             self.status = self.Status.STOPPED
             self.stop_workers()
 
@@ -186,7 +188,8 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
     run_at_pool_start()  # the stages' imports and warm-ups, done once here and inherited by every fork (hooks.py)
     client = connect(s.redis.url)
     if "generate" in stages:
-        InflightCap(client, s.redis.prefix, s.generation.concurrency, stage="generate").set_cap(
+        # the pool's own target (DRAFTSMITH_TARGET__URL in its environment), which its jobs talk to
+        InflightCap(client, s.redis.prefix, s.generation.concurrency, stage="generate", target=s.target.url).set_cap(
             s.generation.concurrency)
     port = s.metrics.port if metrics_port is None else metrics_port
     metrics_addr = metrics_addr or s.metrics.addr
@@ -212,6 +215,10 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
         if owned:
             shutil.rmtree(mp_dir, ignore_errors=True)
     log.info("worker pool stopped after %.0f s", time.time() - t0)
+    if pool.no_run_folder:
+        raise StorageError(f"a job's run folder under {s.runs_dir} is not on this host and the pool stopped",
+                           "mount the same runs/ at the same absolute path on every worker host, or put the run on "
+                           "an object store (runs_dir=s3://bucket/runs); the job is back in the queue")
     if pool.disk_full:
         raise DiskSpaceError(f"a worker found the disk under {s.runs_dir} full and the pool stopped",
                              "free some space, then start the worker again; finished shards are kept")

@@ -20,7 +20,7 @@ from pathlib import Path
 from rq.scheduler import RQScheduler
 from rq.worker import SimpleWorker, Worker
 
-from draftsmith.errors import DiskSpaceError
+from draftsmith.errors import DiskSpaceError, StorageError
 from draftsmith.jobqueue.hooks import run_before_job
 from draftsmith.log import get_logger
 
@@ -28,6 +28,7 @@ log = get_logger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 DISK_FULL_EXIT = 75  # EX_TEMPFAIL: the worker process stopped because the disk is full
+NO_RUN_FOLDER_EXIT = 74  # EX_IOERR: a job's run folder is not on this host (no shared mount, no object store)
 MIN_FREE_BYTES = 64 * 1024  # below this a disk counts as full whatever generation.min_free_disk_gb says
 
 
@@ -80,6 +81,7 @@ class _DraftsmithWork:
     worker class."""
 
     disk_full: str | None = None
+    no_run_folder: str | None = None
     forks = True
 
     def __init__(self, *args, **kwargs) -> None:
@@ -118,10 +120,13 @@ class _DraftsmithWork:
         self._worker_pid = os.getpid()
         try:
             check_job_disk(job)
-        except DiskSpaceError as e:
+        except (DiskSpaceError, StorageError) as e:
             self.connection.lrem(queue.intermediate_queue_key, 1, job.id)
             queue.enqueue_job(job, at_front=True)
-            self.disk_full = str(e)
+            if isinstance(e, DiskSpaceError):
+                self.disk_full = str(e)
+            else:
+                self.no_run_folder = str(e)
             log.error("%s; this worker stops taking work (job %s is back in the queue)", e, job.id)
             self._stop_requested = True
             return
@@ -161,6 +166,8 @@ class _DraftsmithWork:
         result = super().work(*args, **kwargs)
         if self.disk_full:
             raise SystemExit(DISK_FULL_EXIT)
+        if self.no_run_folder:
+            raise SystemExit(NO_RUN_FOLDER_EXIT)
         return result
 
 
@@ -237,12 +244,20 @@ def requeue_at_front(queue, job) -> None:
 
 
 def check_job_disk(job) -> None:
-    """Raises DiskSpaceError when a generation job's run folder has less than ``min_free_disk_gb`` free."""
+    """Raises DiskSpaceError when a generation job's run folder has less than ``min_free_disk_gb`` free, and
+    StorageError when its local run folder does not exist on this host (a worker on a machine without the run's
+    mount: it would only fail every job). A run on an object store is not checked here."""
     kw = job.kwargs or {}
     root, settings = kw.get("run_root"), kw.get("settings") or {}
     if not root:
         return
+    from draftsmith.artifacts.location import is_remote
     from draftsmith.artifacts.storage import check_disk
+
+    if not is_remote(root) and not Path(root).is_dir():
+        raise StorageError(f"the run folder {root} of job {job.id} is not on this host",
+                           "mount the same runs/ at the same absolute path on every worker host, or put the run "
+                           "on an object store (runs_dir=s3://bucket/runs) that every host reaches")
 
     min_gb = float((settings.get("generation") or {}).get("min_free_disk_gb", 0) or 0)
     check_disk(Path(root), max(min_gb, MIN_FREE_BYTES / 1e9), mkdir=False)
