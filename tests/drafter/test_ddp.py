@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def torchrun(runs: Path, run: str, target: Path, vocab: int, out: Path, parallel
 @pytest.fixture(scope="module")
 def runs(reference_run, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dist") / "runs"
-    for name in ("ddp", "fsdp", "fsdp-resumed", "nan"):
+    for name in ("ddp", "ddp-2nodes", "fsdp", "fsdp-resumed", "nan"):
         shutil.copytree(reference_run, root / name)
     return root
 
@@ -82,3 +83,34 @@ def test_nan_features_on_one_rank_are_skipped_without_hanging_the_other(runs, em
     assert r0["step"] == r1["step"] == 2
     assert r1["nan_feature_samples"] >= 1 and r0["nan_feature_samples"] == 0
     assert all(bool(torch.isfinite(v.float()).all()) for v in w.values())
+
+
+@pytest.mark.slow
+def test_two_nodes_by_c10d_rendezvous_train_like_one_node(runs, ddp_two_steps, embedded_target, draft_vocab, tmp_path):
+    """Two "nodes" (own mount and pid namespaces, one rank each) meet at a c10d rendezvous as `draftsmith
+    train-launch` starts them (train.nnodes 2, train.rdzv_endpoint) and train exactly as two ranks on one node."""
+    from draftsmith.drafter.launch import torchrun_argv
+    from draftsmith.target.server import free_port
+
+    out = tmp_path / "out"
+    out.mkdir()
+    script = [str(Path(__file__).with_name("ddp_worker.py")), str(runs), "ddp-2nodes", str(embedded_target),
+              str(draft_vocab), str(out), "ddp", "2"]
+    argv = torchrun_argv(2, f"127.0.0.1:{free_port()}", "ddp-2nodes", 1, script)
+    assert "--standalone" not in argv and argv[argv.index("--nnodes") + 1] == "2"
+    # torch's rendezvous names a node by host name and pid: two namespaces with the same host name must not give
+    # torchrun the same pid (two real hosts differ by name), so the second node spends two pids first
+    cmds = [shlex.join(argv), "(true); (true); " + shlex.join(argv)]
+    nodes = [subprocess.Popen(["unshare", "--kill-child", "-m", "-p", "-f", "--mount-proc", "sh", "-c", cmd],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for cmd in cmds]
+    try:
+        logs = [n.communicate(timeout=300)[0] for n in nodes]
+    finally:
+        for n in nodes:
+            n.kill()
+    assert all(n.returncode == 0 for n in nodes), "\n".join(log[-2000:] for log in logs)
+    r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["world"] == r1["world"] == 2 and r0["after"] == r1["after"]
+    _, _, one_node = ddp_two_steps
+    two_nodes = load_file(str(out / "weights.safetensors"))
+    assert two_nodes.keys() == one_node.keys() and all(torch.equal(two_nodes[k], one_node[k]) for k in one_node)

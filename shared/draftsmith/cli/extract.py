@@ -34,39 +34,49 @@ def extract_cmd(
 
         parse_layer_ids(layers, 10**6)  # shape check only; range is checked against the target below
     s = settings(run=run, extract={"backend": backend, "layers": layer_list, "dtype": dtype})
-    paths = RunPaths(s.runs_dir, s.run)
-    keep(f"the finished feature shards in {paths.features}")
-    plan = make_plan(s, paths.root)
-    check_compatible(plan)
-    pending = [i for i in range(len(plan.shards)) if read_sidecar(plan.features_dir, i) is None]
-    need, free = check_disk(plan, pending, s.extract.disk_margin)
-    log.info(
-        "extract %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done)",
-        run, plan.backend, plan.layer_ids, [i + 1 for i in plan.layer_ids], len(pending), len(plan.shards),
-        len(plan.shards) - len(pending),
-    )
-    typer.echo(f"feature store: {need / 1e9:.2f} GB to write ({plan.bytes_per_token():,} B/token x "
-               f"{sum(sum(plan.shards[i]['lengths']) for i in pending):,} tokens), {free / 1e9:.2f} GB free under "
-               f"{plan.features_dir}")
-    paths.ensure(paths.features, paths.status)
-    write_status(plan, paths.status, started_at=time.time())
-    if not pending:
-        typer.echo(f"nothing to do: all {len(plan.shards)} feature shards of {run} exist")
-        return
-    if sync:
-        from draftsmith.features.jobs import extract_shard, get_extractor
+    from draftsmith.artifacts.location import is_remote
+    from draftsmith.artifacts.staging import staged
 
-        extractor = get_extractor(plan, s)
-        for i in pending:
-            extract_shard(plan, i, extractor, paths.status)
-        snap = write_status(plan, paths.status)
-        typer.echo(
-            f"extracted {snap['shards_done']}/{snap['shards_total']} shards, {snap['samples_done']} samples, "
-            f"{snap['tokens_done']} tokens, {snap['bytes_written'] / 1e6:.1f} MB, skipped {snap['skipped_samples']}"
+    if is_remote(s.runs_dir) and not sync:
+        from draftsmith.errors import ConfigError
+
+        raise ConfigError(f"extraction jobs on the queue read a local run folder; {s.runs_dir} is an object store",
+                          "run `draftsmith extract --sync` on the extraction host: it works on a local copy and "
+                          "pushes the feature shards to the store when it ends (also when it fails)")
+    with staged(s, ("data", "features"), ("features", "status")) as s:
+        paths = RunPaths(s.runs_dir, s.run)
+        keep(f"the finished feature shards in {paths.features}")
+        plan = make_plan(s, paths.root)
+        check_compatible(plan)
+        pending = [i for i in range(len(plan.shards)) if read_sidecar(plan.features_dir, i) is None]
+        need, free = check_disk(plan, pending, s.extract.disk_margin)
+        log.info(
+            "extract %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done)",
+            run, plan.backend, plan.layer_ids, [i + 1 for i in plan.layer_ids], len(pending), len(plan.shards),
+            len(plan.shards) - len(pending),
         )
-        return
-    from draftsmith.features.queue import enqueue_shards
+        typer.echo(f"feature store: {need / 1e9:.2f} GB to write ({plan.bytes_per_token():,} B/token x "
+                   f"{sum(sum(plan.shards[i]['lengths']) for i in pending):,} tokens), {free / 1e9:.2f} GB free under "
+                   f"{plan.features_dir}")
+        paths.ensure(paths.features, paths.status)
+        write_status(plan, paths.status, started_at=time.time())
+        if not pending:
+            typer.echo(f"nothing to do: all {len(plan.shards)} feature shards of {run} exist")
+            return
+        if sync:
+            from draftsmith.features.jobs import extract_shard, get_extractor
 
-    ids = enqueue_shards(s, str(paths.root), pending)
-    typer.echo(f"enqueued {len(ids)} extraction jobs on {s.redis.prefix}:extract; run `draftsmith worker "
-               f"--queues extract` to process them")
+            extractor = get_extractor(plan, s)
+            for i in pending:
+                extract_shard(plan, i, extractor, paths.status)
+            snap = write_status(plan, paths.status)
+            typer.echo(
+                f"extracted {snap['shards_done']}/{snap['shards_total']} shards, {snap['samples_done']} samples, "
+                f"{snap['tokens_done']} tokens, {snap['bytes_written'] / 1e6:.1f} MB, skipped {snap['skipped_samples']}"
+            )
+            return
+        from draftsmith.features.queue import enqueue_shards
+
+        ids = enqueue_shards(s, str(paths.root), pending)
+        typer.echo(f"enqueued {len(ids)} extraction jobs on {s.redis.prefix}:extract; run `draftsmith worker "
+                   f"--queues extract` to process them")

@@ -43,21 +43,57 @@ def train_cmd(
     s = settings(run=run, train={"ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs, "lr": lr,
                                  "draft_vocab_size": draft_vocab_size, "init_from": init_from,
                                  "resume": False if no_resume else None})
-    from draftsmith import metrics
-    from draftsmith.drafter.trainer import Trainer
-    from draftsmith.paths import RunPaths
+    import os
 
-    keep(f"the checkpoints in {RunPaths(s.runs_dir, s.run).checkpoints}")
-    trainer = Trainer(s)
-    if trainer.dist.main:
-        try:
-            metrics.serve_metrics(s.metrics.port, s.metrics.addr)
-        except DraftsmithError as e:  # a batch job: the training matters more than its live metrics
-            typer.echo(f"warning: {e}; training goes on without /metrics", err=True)
-    result = trainer.run()
-    trainer.close()  # not after an error: a barrier would wait for a rank that may be gone
-    if trainer.dist.main:
-        typer.echo(train_summary(result, trainer.paths.status / "train.json"))
+    from draftsmith.artifacts.staging import pusher, staged
+
+    remote = s
+    # every rank reads the run; only the main rank (the one that saves checkpoints) writes it back
+    pushed = ("checkpoints", "status") if int(os.environ.get("RANK", "0")) == 0 else ()
+    with staged(s, ("data", "features", "checkpoints"), pushed) as s:
+        from draftsmith import metrics
+        from draftsmith.drafter.trainer import Trainer
+        from draftsmith.paths import RunPaths
+
+        keep(f"the checkpoints in {RunPaths(s.runs_dir, s.run).checkpoints}")
+        trainer = Trainer(s)
+        if trainer.dist.main:
+            trainer.after_checkpoint = pusher(remote, ("checkpoints",))
+            try:
+                metrics.serve_metrics(s.metrics.port, s.metrics.addr)
+            except DraftsmithError as e:  # a batch job: the training matters more than its live metrics
+                typer.echo(f"warning: {e}; training goes on without /metrics", err=True)
+        result = trainer.run()
+        trainer.close()  # not after an error: a barrier would wait for a rank that may be gone
+        if trainer.dist.main:
+            typer.echo(train_summary(result, trainer.paths.status / "train.json"))
+
+
+@app.command("train-launch")
+def train_launch_cmd(
+    run: str | None = typer.Option(None, "--run", help="Run name (default: the `run` setting, DRAFTSMITH_RUN)."),
+    nproc_per_node: int = typer.Option(
+        0, "--nproc-per-node", min=0, help="Training processes on this node: one per GPU (0 = every GPU "
+        "nvidia-smi lists, or 1 without a GPU)."),
+    nnodes: int | None = setting_option("train.nnodes", "--nnodes"),
+    rdzv_endpoint: str | None = setting_option("train.rdzv_endpoint", "--rdzv-endpoint"),
+) -> None:
+    """Start `draftsmith train` under torchrun on this node: --standalone on one node, a c10d rendezvous across
+    several (run the same command on every node)."""
+    import os
+
+    import torch
+
+    from draftsmith.drafter.launch import torchrun_argv
+
+    s = settings(run=run, train={"nnodes": nnodes, "rdzv_endpoint": rdzv_endpoint})
+    n = nproc_per_node or max(1, torch.cuda.device_count())
+    argv = torchrun_argv(s.train.nnodes, s.train.rdzv_endpoint, s.run, n)
+    os.environ.update(DRAFTSMITH_RUN=s.run, DRAFTSMITH_TRAIN__NNODES=str(s.train.nnodes))
+    if s.train.rdzv_endpoint:
+        os.environ["DRAFTSMITH_TRAIN__RDZV_ENDPOINT"] = s.train.rdzv_endpoint
+    typer.echo(" ".join(argv[1:]), err=True)
+    os.execv(argv[0], argv)  # torchrun takes this process's place: signals reach it, its exit code is ours
 
 
 @app.command("export")
@@ -68,13 +104,16 @@ def export_cmd(
 ) -> None:
     """Write runs/<run>/export/<layout>/ for vLLM and SGLang."""
     s = settings(run=run, export={"format": fmt})
-    from draftsmith.drafter.checkpoint import resolve_checkpoint
-    from draftsmith.drafter.export import export_checkpoint
-    from draftsmith.paths import RunPaths
-    from draftsmith.target.checkpoint import target_checkpoint
+    from draftsmith.artifacts.staging import staged
 
-    paths = RunPaths(s.runs_dir, s.run)
-    ckpt = resolve_checkpoint(paths.checkpoints, checkpoint)
-    target = str(target_checkpoint(s))
-    for out in export_checkpoint(ckpt, target, paths.export, s.export.format, s.export.speculative_tokens):
-        typer.echo(str(out))
+    with staged(s, ("checkpoints", "data"), ("export",)) as s:
+        from draftsmith.drafter.checkpoint import resolve_checkpoint
+        from draftsmith.drafter.export import export_checkpoint
+        from draftsmith.paths import RunPaths
+        from draftsmith.target.checkpoint import target_checkpoint
+
+        paths = RunPaths(s.runs_dir, s.run)
+        ckpt = resolve_checkpoint(paths.checkpoints, checkpoint)
+        target = str(target_checkpoint(s))
+        for out in export_checkpoint(ckpt, target, paths.export, s.export.format, s.export.speculative_tokens):
+            typer.echo(str(out))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from contextlib import closing
 from typing import Any
 
@@ -110,6 +111,7 @@ class Trainer:
 
         self.s, self.tc = settings, settings.train
         self.paths = RunPaths(settings.runs_dir, settings.run)
+        self.after_checkpoint: Callable[[], None] | None = None  # called on the main rank after each checkpoint
         self.dist = setup_distributed(self.tc.device)
         torch.manual_seed(self.tc.seed)
         self.target_path = str(target_checkpoint(settings))
@@ -364,6 +366,8 @@ class Trainer:
                 "config": self.s.model_dump(mode="json"), "drafter": self.cfg.to_dict(),
                 "vocab_hash": self.vocab_hash, "target": self.target_path}, self.tc.keep)
             metrics.TRAIN_CHECKPOINTS.labels(self.s.run).inc()
+            if self.after_checkpoint is not None:  # a run on an object store: the checkpoint goes up now
+                self.after_checkpoint()
         if self.dist.world > 1:
             torch.distributed.barrier()
 
