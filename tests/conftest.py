@@ -63,7 +63,9 @@ _share_the_cores()
 LONGEST_FIRST = ("@stack", "@vllm", "tests/test_secrets.py", "tests/test_kimi_e2e.py", "tests/test_mla_e2e.py",
                  "tests/test_peer_quick.py",
                  "tests/drafter/test_e2e_vllm.py",
-                 "tests/drafter/test_ddp.py", "tests/features/test_vllm_tensor_parallel.py",
+                 "tests/drafter/test_ddp.py", "tests/drafter/test_object_store_run.py",
+                 "tests/generation/test_multi_host.py", "tests/generation/test_store_outage.py",
+                 "tests/features/test_vllm_tensor_parallel.py",
                  "tests/target/test_mla_stages.py", "tests/lifecycle/test_signal_convention.py",
                  "tests/lifecycle/test_server_signals.py", "tests/generation/test_pool_faults.py",
                  "tests/generation/test_resume_liveness.py")
