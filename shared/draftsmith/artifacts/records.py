@@ -10,6 +10,7 @@ Writer: :mod:`draftsmith.generation.store`; readers: that module, :mod:`draftsmi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -95,3 +96,20 @@ def cut_answer(record: dict[str, Any]) -> bool:
     """Whether an ``ok`` record has a turn that stopped at its length limit (``finish_reason: length``)."""
     return record.get("status") == "ok" and any(
         (t or {}).get("finish_reason") == "length" for t in record.get("turns") or [])
+
+
+def parse_shard(shard: Any, lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The records of shard ``shard`` (its path, for messages) from its text ``lines``; blank lines skipped.
+
+    Raises:
+        DataError: a line is not JSON (the message names the file, the line and the fix).
+    """
+    from draftsmith.errors import DataError
+
+    for lineno, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except ValueError as e:
+                raise DataError(f"{shard}:{lineno} is not valid JSON",
+                                f"delete the shard and its {SIDECAR_SUFFIX} to regenerate it") from e

@@ -174,13 +174,7 @@ def record_tally(records_dir):
 
 def _shard_records(records_dir, sidecar_name: str) -> Iterator[dict[str, Any]]:
     shard = records_dir / _shard_name(sidecar_name)
-    for lineno, line in enumerate(read_bytes(shard).decode("utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                yield json.loads(line)
-            except ValueError as e:
-                raise DataError(f"{shard}:{lineno} is not valid JSON",
-                                f"delete the shard and its {artifact.SIDECAR_SUFFIX} to regenerate it") from e
+    yield from artifact.parse_shard(shard, read_bytes(shard).decode("utf-8").splitlines())
 
 
 def iter_records(records_dir) -> Iterator[dict[str, Any]]:

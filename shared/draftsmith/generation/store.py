@@ -31,7 +31,7 @@ from draftsmith.artifacts.records import (  # noqa: F401 (re-exported)
     cut_answer,
 )
 from draftsmith.artifacts.storage import atomic_write_text
-from draftsmith.errors import DataError, StorageError
+from draftsmith.errors import DataError
 
 
 @contextmanager
@@ -248,13 +248,7 @@ def iter_records(records_dir: Path) -> Iterator[dict[str, Any]]:
     for meta in _meta_files(records_dir):
         shard = artifact.shard_of(meta)
         with open(shard, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except ValueError as e:
-                        raise DataError(f"{shard}:{lineno} is not valid JSON",
-                                        f"delete the shard and its {artifact.SIDECAR_SUFFIX} to regenerate it") from e
+            yield from artifact.parse_shard(shard, f)
 
 
 def load_prompts(path: Path) -> dict[str, dict[str, Any]]:
@@ -265,16 +259,12 @@ def load_prompts(path: Path) -> dict[str, dict[str, Any]]:
     """
     out: dict[str, dict[str, Any]] = {}
     if is_remote(path):
-        from draftsmith.artifacts.location import describe_store_error, read_bytes
+        from draftsmith.artifacts.location import read_bytes
 
         try:
-            text = read_bytes(path).decode("utf-8")
+            text = read_bytes(path).decode("utf-8")  # a store failure is read_bytes' one-line StorageError
         except FileNotFoundError:
             return out
-        except StorageError:
-            raise
-        except Exception as e:
-            raise describe_store_error(path, e) from e
         for line in text.splitlines():
             if line.strip():
                 p = json.loads(line)
