@@ -61,10 +61,10 @@ _share_the_cores()
 # The third is short on purpose: an xdist worker runs a test only once it holds the next one, so the worker that
 # takes the one-test stack unit also takes the unit after it at once, and that unit waits for the whole stack test.
 LONGEST_FIRST = ("@stack", "@vllm", "tests/test_secrets.py", "tests/test_kimi_e2e.py", "tests/test_mla_e2e.py",
-                 "tests/test_peer_quick.py",
+                 "tests/test_peer_quick.py", "tests/generation/test_multi_host.py",
                  "tests/drafter/test_e2e_vllm.py",
                  "tests/drafter/test_ddp.py", "tests/drafter/test_object_store_run.py",
-                 "tests/generation/test_multi_host.py", "tests/generation/test_store_outage.py",
+                 "tests/features/test_extract_on_store.py", "tests/generation/test_store_outage.py",
                  "tests/features/test_vllm_tensor_parallel.py",
                  "tests/target/test_mla_stages.py", "tests/lifecycle/test_signal_convention.py",
                  "tests/lifecycle/test_server_signals.py", "tests/generation/test_pool_faults.py",

@@ -65,3 +65,37 @@ def test_workers_only_where_shared_memory_holds_their_batches(tmp_path, caplog):
     assert shared_memory_workers(2, free // 4, shm=str(tmp_path)) == 0  # a container's 64 MB /dev/shm, in kind
     assert "shm_size" in caplog.text and "train.loader_workers: 0" in caplog.text
     assert shared_memory_workers(0, 1, shm=str(tmp_path)) == 0
+
+
+class _FailsOnThirdBatch:
+    """A feature source whose third read fails, as a sample missing from the features does."""
+
+    def __init__(self, feats) -> None:
+        self.feats, self.reads = feats, 0
+
+    def get(self, ids):
+        from draftsmith.errors import DataError
+
+        self.reads += 1
+        if self.reads == 3:
+            raise DataError("sample s028 has no features", "re-run `draftsmith extract`")
+        return self.feats.get(ids)
+
+
+def test_an_error_in_a_worker_stops_the_workers_with_it(run_factory):
+    """The worker's error reaches the trainer, and the workers end with it: before, the error's traceback kept the
+    loader alive to the interpreter's exit, whose join of the workers (they ignore SIGTERM) never returned, and
+    `draftsmith train` printed its error and hung."""
+    import pytest
+    from draftsmith.errors import DataError
+
+    samples, feats, batches = _inputs(run_factory)
+    before = {c.pid for c in psutil.Process().children()}
+    reader = read_ahead(samples, _FailsOnThirdBatch(feats), batches, workers=1, prefetch=1)
+    next(reader)
+    workers = [c for c in psutil.Process().children() if c.pid not in before and c.is_running()]
+    assert len(workers) == 1
+    with pytest.raises(DataError, match="has no features") as caught:
+        list(reader)
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive and caught.value is not None, f"loader workers outlived the error: {alive}"

@@ -73,3 +73,40 @@ def read_manifest(features_dir: Path) -> dict[str, Any]:
     if m.get("final_hidden", "post_norm") != "post_norm":
         raise DataError("features store a pre-norm final hidden state", "re-extract with final_hidden=post_norm")
     return m
+
+
+def manifest_from_sidecars(header: dict[str, Any], sides: list[dict[str, Any]]) -> dict[str, Any]:
+    """A features manifest: the run-level fields of ``header`` plus ``shards``, ``samples``, ``tokens`` and
+    ``skipped_samples`` from the shard sidecars ``sides`` (in shard order)."""
+    keep = ("file", "data_shard", "sample_ids", "lengths", "sha256", "skipped")
+    m = {k: v for k, v in header.items() if k not in ("shards", "samples", "tokens", "skipped_samples",
+                                                      "code_version")}
+    m["shards"] = [{k: s[k] for k in keep if k in s} for s in sides]
+    m["samples"] = sum(len(s["sample_ids"]) for s in sides)
+    m["tokens"] = sum(s["tokens"] for s in sides)
+    m["skipped_samples"] = sum(len(s.get("skipped", [])) for s in sides)
+    return m
+
+
+def rebuild_from_sidecars(features_dir: Path) -> dict[str, Any] | None:
+    """Rewrite ``features/manifest.json`` of a local folder from its complete shards (sidecar and file both there)
+    and the shards it already lists whose file is there, keeping its run-level fields; None (nothing written) when
+    the folder has no manifest.
+
+    A working copy pulled from an object store calls it: the store's manifest may have been written while another
+    host was still finishing a shard, the sidecars never miss one.
+    """
+    header = load_manifest(features_dir)
+    if header is None:
+        return None
+    d = Path(features_dir)
+    # the manifest's own entries, then every sidecar's (a sidecar wins): no shard the manifest lists is dropped
+    shards = {e["file"]: {**e, "tokens": sum(e["lengths"])} for e in header.get("shards", [])
+              if (d / e["file"]).is_file()}
+    for side in sorted(d.glob("features-*.json")):
+        s = json.loads(side.read_text())
+        if (d / s["file"]).is_file():
+            shards[s["file"]] = s
+    m = manifest_from_sidecars(header, [shards[k] for k in sorted(shards)])  # file names sort as shard indices
+    write_manifest(d, m)
+    return m

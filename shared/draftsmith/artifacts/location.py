@@ -61,7 +61,9 @@ def run_location(value: Any) -> Any:
 
     url = str(value).rstrip("/")
     try:
-        return UPath(url)
+        # no listings cache: other hosts write the run meanwhile, and a cached listing (with its ETags) would hide
+        # their objects, or fail a read of an object replaced since ("FileExpired")
+        return UPath(url, use_listings_cache=False)
     except (ImportError, ValueError) as e:
         raise StorageError(f"no fsspec file system for {mask_url(url)} ({e})",
                            "install the scheme's package (s3fs for s3://, gcsfs for gs://, adlfs for az://)") from e

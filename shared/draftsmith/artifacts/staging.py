@@ -7,15 +7,19 @@ a stage of a run whose ``runs_dir`` is a URL works on a local copy of the run un
 1. pull: the folders the stage reads come down from the store, each file only when the local copy lacks it or
    differs in size (a second stage on the same host downloads nothing twice). Records come down as one local shard
    holding each prompt's first record (:func:`draftsmith.generation.object_records.iter_records`), so every prompt
-   is used once however many hosts answered it;
+   is used once however many hosts answered it; a pulled ``features/manifest.json`` is rebuilt from the pulled
+   sidecars;
 2. the stage runs unchanged on the copy (its own resume rules: finished shards and checkpoints are skipped);
-3. push: every file of the folders the stage writes that the store lacks or holds with another size goes up.
+3. push: every file of the folders the stage writes that the store lacks or holds with another size goes up,
+   JSON files (sidecars, manifests, ``latest.json``) after the files they describe; the files a stage rewrites in
+   place (manifests, ``latest.json``, ``config.yaml``, status snapshots) go up every time.
    Shards, checkpoints and exports have unique names and are never changed once written, so a push never replaces
    finished work; only the manifests and ``latest.json`` are replaced, each in one PUT.
 
 A host that dies mid-stage loses only what it had not pushed; the next run of the stage, on any host, pulls what
 was pushed and resumes from there (training: from the last pushed checkpoint, :func:`push` is called after each
-checkpoint).
+checkpoint). Checkpoints come down as the latest one only, and the store keeps as many as the trainer keeps locally
+(``train.keep``): older folders are removed after each push.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ from draftsmith.log import get_logger
 log = get_logger("draftsmith.staging")
 
 RECORDS = "records"
+FEATURES = "features"
+CHECKPOINTS = "checkpoints"
+STATUS = "status"
+# rewritten in place by the stages (a new version may have the old one's size): pushed every time
+REPLACED = frozenset({"latest.json", "manifest.json", "config.yaml"})
 # the local shard that holds the store's records (one per pull; the next pull adds only prompts it lacks)
 PULLED_SHARD = "from-store"
 
@@ -74,9 +83,45 @@ def _pull_records(root: Any, local: Path) -> int:
     return len(fresh)
 
 
+def _pull_latest_checkpoint(root: Any, local: Path) -> int:
+    """``checkpoints/latest.json`` and the one folder it names: a resume and an export need no other (an older
+    checkpoint is pulled by naming its folder, ``checkpoints/step-XXXXXXXX``). Returns the files copied."""
+    from draftsmith.artifacts.checkpoints import LATEST_FILE, read_latest
+
+    n = pull(root, local, (f"{CHECKPOINTS}/{LATEST_FILE}",))
+    name = read_latest(local / CHECKPOINTS) if (root / CHECKPOINTS / LATEST_FILE).exists() else None
+    return n + (pull(root, local, (f"{CHECKPOINTS}/{name}",)) if name else 0)
+
+
+def prune_checkpoints(root: Any, keep: int) -> list[str]:
+    """Remove from the store the checkpoint folders older than its newest ``keep`` complete ones (those with a
+    ``state.json``), as the trainer rotates its local folder (``train.keep``); newer incomplete folders (a push
+    under way) stay. Returns the names removed.
+
+    Raises:
+        StorageError: the store failed.
+    """
+    from draftsmith.artifacts.checkpoints import STATE_FILE
+    from draftsmith.artifacts.location import describe_store_error, list_names
+
+    folder = root / CHECKPOINTS
+    names = [n for n in list_names(folder, "") if n.startswith("step-")]
+    complete = [n for n in names if (folder / n / STATE_FILE).exists()]
+    if len(complete) <= keep:
+        return []
+    gone = [n for n in names if n < complete[-keep]]
+    for n in gone:
+        try:
+            folder.fs.rm(f"{folder.path}/{n}", recursive=True)
+        except Exception as e:
+            raise describe_store_error(folder / n, e) from e
+    return gone
+
+
 def pull(root: Any, local: Path, parts: Sequence[str]) -> int:
     """Copy ``parts`` of the run at ``root`` (folders like ``data``, or files like ``prompts.jsonl``; ``records``
-    is read through :func:`_pull_records`) into ``local``; returns the files (or records) copied.
+    is read through :func:`_pull_records`, ``checkpoints`` as the latest one, :func:`_pull_latest_checkpoint`)
+    into ``local``; returns the files (or records) copied.
 
     Raises:
         StorageError: the store cannot be reached or refuses access.
@@ -85,6 +130,9 @@ def pull(root: Any, local: Path, parts: Sequence[str]) -> int:
     for part in parts:
         if part == RECORDS:
             n += _pull_records(root, local)
+            continue
+        if part == CHECKPOINTS:
+            n += _pull_latest_checkpoint(root, local)
             continue
         for rel, size in _remote_files(root, part).items():
             dst = local / rel
@@ -99,6 +147,10 @@ def pull(root: Any, local: Path, parts: Sequence[str]) -> int:
                 raise describe_store_error(root / rel, e) from e
             tmp.replace(dst)
             n += 1
+        if part == FEATURES:
+            from draftsmith.artifacts.features import rebuild_from_sidecars
+
+            rebuild_from_sidecars(local / FEATURES)  # the store's manifest may predate a shard another host finished
     return n
 
 
@@ -113,12 +165,15 @@ def push(local: Path, root: Any, parts: Sequence[str]) -> int:
     for part in parts:
         src = local / part
         files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else []
+        # sidecars and states after the files they describe, and the part's own pointers and manifests last
+        files.sort(key=lambda f: (f.suffix == ".json", f.parent == src))
         remote = _remote_files(root, part)
         for f in files:
             if any(x.startswith(".") for x in f.relative_to(local).parts):
                 continue
             rel = f.relative_to(local).as_posix()
-            if remote.get(rel) == f.stat().st_size:
+            replaced = f.name in REPLACED or rel.startswith(f"{STATUS}/")
+            if remote.get(rel) == f.stat().st_size and not replaced:
                 continue
             try:
                 root.fs.put_file(str(f), f"{root.path}/{rel}")
@@ -153,12 +208,19 @@ def staged(s, pull_parts: Sequence[str], push_parts: Sequence[str]) -> Iterator[
         log.info("%d file(s) of %s pushed to %s", sent, ", ".join(push_parts), root)
 
 
-def pusher(s, parts: Sequence[str]):
+def pusher(s, parts: Sequence[str], keep_checkpoints: int = 0):
     """A call that pushes ``parts`` of the working copy of the run of settings ``s`` (the store's, not the copy's)
     to its store now, or None for a local run: the trainer calls it after each checkpoint, so a host lost mid-run
-    loses at most the steps since the last one."""
+    loses at most the steps since the last one. With ``keep_checkpoints`` it then prunes the store's checkpoints to
+    that many (:func:`prune_checkpoints`)."""
     if not is_remote(s.runs_dir):
         return None
     root = run_location(s.runs_dir) / s.run
     local = local_root(s.stage_dir, root)
-    return lambda: push(local, root, parts)
+
+    def push_now() -> None:
+        push(local, root, parts)
+        if keep_checkpoints and (gone := prune_checkpoints(root, keep_checkpoints)):
+            log.info("removed %s from %s (train.keep = %d)", ", ".join(gone), root / CHECKPOINTS, keep_checkpoints)
+
+    return push_now

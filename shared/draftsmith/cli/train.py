@@ -58,7 +58,7 @@ def train_cmd(
         keep(f"the checkpoints in {RunPaths(s.runs_dir, s.run).checkpoints}")
         trainer = Trainer(s)
         if trainer.dist.main:
-            trainer.after_checkpoint = pusher(remote, ("checkpoints",))
+            trainer.after_checkpoint = pusher(remote, ("checkpoints",), keep_checkpoints=remote.train.keep)
             try:
                 metrics.serve_metrics(s.metrics.port, s.metrics.addr)
             except DraftsmithError as e:  # a batch job: the training matters more than its live metrics
@@ -106,7 +106,9 @@ def export_cmd(
     s = settings(run=run, export={"format": fmt})
     from draftsmith.artifacts.staging import staged
 
-    with staged(s, ("checkpoints", "data"), ("export",)) as s:
+    # the latest checkpoint comes down, or the one named (a folder name; a local path needs nothing pulled)
+    named = (f"checkpoints/{checkpoint}",) if checkpoint and "/" not in checkpoint else ()
+    with staged(s, ("checkpoints", *named, "data"), ("export",)) as s:
         from draftsmith.drafter.checkpoint import resolve_checkpoint
         from draftsmith.drafter.export import export_checkpoint
         from draftsmith.paths import RunPaths

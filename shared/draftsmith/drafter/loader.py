@@ -116,8 +116,8 @@ def read_ahead(samples: TrainSamples, features: FeatureSource, batches: Sequence
                pin: bool = False, prefetch: int = 2) -> Iterator[HostBatch]:
     """Yield :class:`HostBatch` for ``batches`` in order, read ``workers * prefetch`` micro-batches ahead.
 
-    ``workers`` 0 reads each when it is asked for. Stopping early (a signal, the last step) is safe: the loader's
-    workers end when the iterator is dropped.
+    ``workers`` 0 reads each when it is asked for. Stopping early (a signal, the last step, an error in a worker)
+    is safe: the loader's workers are stopped when the generator ends or is closed.
     """
     if workers <= 0 or len(batches) <= 1:
         for ids in batches:
@@ -127,4 +127,10 @@ def read_ahead(samples: TrainSamples, features: FeatureSource, batches: Sequence
                         num_workers=min(workers, len(batches)), collate_fn=_one, pin_memory=pin,
                         prefetch_factor=prefetch, persistent_workers=False,
                         worker_init_fn=_ignore_stop_signals)
-    yield from loader
+    it = iter(loader)
+    try:
+        yield from it
+    finally:
+        # now, not when the iterator is collected: after an error the traceback keeps it alive to the interpreter's
+        # exit, where multiprocessing joins the workers, which ignore the SIGTERM it sends first (a hang)
+        it._shutdown_workers()

@@ -176,7 +176,8 @@ def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
     """rq entry point: extract data shard ``shard`` of the run at ``run_dir``.
 
     Args:
-        run_dir: ``runs/<run>`` (a path; the job carries no tensors).
+        run_dir: ``runs/<run>`` (a path; the job carries no tensors). A run on an object store has a job of its
+            own, :func:`draftsmith.features.on_store.extract_store_job`.
         shard: data shard index.
         settings: ``Settings.model_dump(mode="json")`` of the enqueuing command.
 

@@ -7,6 +7,8 @@ from draftsmith.log import get_logger
 log = get_logger(__name__)
 
 JOB_FUNC = "draftsmith.features.jobs.extract_job"
+# a run on an object store: the job works on the host's copy (draftsmith.features.on_store)
+STORE_JOB_FUNC = "draftsmith.features.on_store.extract_store_job"
 
 
 def job_id(run: str, shard: int) -> str:
@@ -32,6 +34,7 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     from rq import Queue
     from rq.serializers import JSONSerializer
 
+    from draftsmith.artifacts.location import is_remote
     from draftsmith.jobqueue.liveness import ALIVE, JobState, requeue_orphan, settle
     from draftsmith.jobqueue.queues import connect, fetch_job, queue_name
 
@@ -55,7 +58,7 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
         old = fetch_job(conn, jid)
         if old is not None:
             old.delete()  # finished or failed for good: the shard's sidecar says whether it is done
-        q.enqueue(JOB_FUNC, args=(run_dir, shard, dumped), job_id=jid,
+        q.enqueue(STORE_JOB_FUNC if is_remote(run_dir) else JOB_FUNC, args=(run_dir, shard, dumped), job_id=jid,
                   job_timeout=settings.extract.job_timeout_s, result_ttl=7 * 86400, failure_ttl=7 * 86400,
                   description=f"extract {settings.run} shard {shard}")
         ids.append(jid)
