@@ -168,12 +168,7 @@ def rebuild_manifest(plan: ExtractPlan) -> dict:
     """
     with locked(plan.features_dir):
         sides = [s for i in range(len(plan.shards)) if (s := read_sidecar(plan.features_dir, i))]
-        m = plan.manifest_header()
-        m["shards"] = [{k: s[k] for k in ("file", "data_shard", "sample_ids", "lengths", "sha256", "skipped")}
-                       for s in sides]
-        m["samples"] = sum(len(s["sample_ids"]) for s in sides)
-        m["tokens"] = sum(s["tokens"] for s in sides)
-        m["skipped_samples"] = sum(len(s["skipped"]) for s in sides)
+        m = artifact.manifest_from_sidecars(plan.manifest_header(), sides)
         artifact.write_manifest(plan.features_dir, m)
     return m
 
