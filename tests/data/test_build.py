@@ -76,6 +76,32 @@ def test_bad_lines_are_counted_skips(tmp_path, embedded_target, smollm2_records)
     assert res.stats["samples"] == 3
 
 
+def test_a_lone_byte_token_mid_answer_is_supervised_as_generated(tmp_path, embedded_target, smollm2_records):
+    # A byte-level BPE target can sample the first byte of a multi-byte character and then something else (seen in
+    # vLLM on the tiny Kimi-K2.5-layout target): the server's text holds U+FFFD where its ids hold that byte, and
+    # tokenizing the text gives other ids. The text is the same, so the sample takes the ids the target generated.
+    # Built from a real SmolLM2 record with SmolLM2's own tokenizer.
+    tok = load_tokenizer(embedded_target)
+    lone = tok.convert_tokens_to_ids("\u00e2")  # byte 0xE2 (the first of three bytes of e.g. "\u2014")
+    bad = copy.deepcopy(smollm2_records[0])
+    ids = bad["turns"][0]["token_ids"]  # [..., "Paris", ".", <|im_end|>]
+    bad["turns"][0]["token_ids"] = ids[:3] + [lone] + ids[3:]
+    bad["messages"][-1]["content"] = tok.decode(bad["turns"][0]["token_ids"][:-1])
+    assert "\ufffd" in bad["messages"][-1]["content"]
+    bad["id"] = "lone-byte"
+    write_records(tmp_path / "records", [*smollm2_records, bad])
+    res = build_data(tmp_path / "records", tmp_path / "data", embedded_target, DataConfig(), SMOL)
+    st = res.stats
+    assert st["dropped"] == 0 and st["samples"] == 4 and st["mismatch_rate"] == 0.0
+    assert st["flagged"]["retokenized"] == 1
+    (shard,) = res.manifest["shards"]
+    t = load_file(tmp_path / "data" / shard["file"])
+    i = shard["sample_ids"].index("lone-byte")
+    o = t["offsets"].tolist()
+    sample, mask = t["input_ids"][o[i]:o[i + 1]].tolist(), t["loss_mask"][o[i]:o[i + 1]].tolist()
+    assert [x for x, m in zip(sample, mask, strict=True) if m] == bad["turns"][0]["token_ids"]
+
+
 def test_empty_records(tmp_path, embedded_target):
     (tmp_path / "records").mkdir()
     with pytest.raises(DataError, match="holds no record shard"):

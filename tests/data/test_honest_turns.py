@@ -219,3 +219,26 @@ def test_a_turn_whose_parser_dropped_a_token_is_read_again_from_its_ids(tmp_path
     write_records(tmp_path / "one", [parsed])
     rec = json.loads((tmp_path / "one" / "job.jsonl").read_text())
     assert any(validate_sample(s, r.tok) for s in r.render(rec))
+
+
+def test_a_second_think_block_in_the_answer_is_read_again_from_its_ids(tmp_path):
+    """A target that opens a second reasoning block inside its answer (the tiny Kimi-K2.5-layout target in vLLM
+    did): the kimi_k2 parser keeps that ``<think>`` in the answer's text but consumes the ``</think>`` after it. The
+    record's text and the ids agree once both lose their markers, so the turn is read again from its ids."""
+    r = _renderer("kimi")
+    gen = _ids(r, f"<think>{R}</think>It is<think>maybe 5.</think>{A}<|im_end|>")
+    parsed = make_record("k2", [(Q, f"It is<think>maybe 5.{A}", R, gen)], model="kimi")
+    write_records(tmp_path / "records", [parsed])
+    res = build_data(tmp_path / "records", tmp_path / "data", TEMPLATES / "kimi", DataConfig(), "kimi")
+    st = res.stats
+    assert st["samples"] == 1 and st["flagged"].get("reparsed_from_ids") == 1 and st["turns_mismatched"] == 0
+    from safetensors.torch import load_file
+
+    t = load_file(str(tmp_path / "data" / res.manifest["shards"][0]["file"]))
+    ids, mask = t["input_ids"].tolist(), t["loss_mask"].tolist()
+    assert [i for i, m in zip(ids, mask, strict=True) if m] == gen
+    # an answer whose words differ from its ids (not only in markers) stays a mismatch
+    changed = make_record("k3", [(Q, f"It is<think>maybe 6.{A}", R, gen)], model="kimi")
+    write_records(tmp_path / "records2", [changed])
+    with pytest.raises(DataError, match="not token-exact"):
+        build_data(tmp_path / "records2", tmp_path / "data2", TEMPLATES / "kimi", DataConfig(), "kimi")

@@ -89,3 +89,25 @@ def test_a_burst_worker_never_starts_a_scheduler_process(redis_url):
     assert {p.pid for p in psutil.Process().children(recursive=True)} == before
     assert w.work(burst=True) is False  # an empty queue: returns at once
     assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
+def test_a_stopping_worker_does_not_wait_out_its_command_channel_read(redis_url):
+    """rq's command-channel thread blocks up to 60 s per read and is woken at exit by the reply to UNSUBSCRIBE; when
+    the thread has already read that reply and blocked again, the worker's exit waited out the read (a burst pool of
+    the Kimi demo stopped 60 s after its last job, seen once). Here that order is made certain: the reply is read
+    first, then the worker unsubscribes. Real worker object, real Redis; rq's own worker class waits 59.5 s."""
+    from draftsmith.jobqueue.queues import connect, get_queue
+    from draftsmith.jobqueue.worker import PUBSUB_READ_S, DraftsmithWorker
+    from rq.serializers import JSONSerializer
+
+    client = connect(redis_url)
+    w = DraftsmithWorker([get_queue(client, "dschan", "generate")], connection=client, serializer=JSONSerializer)
+    w.subscribe()
+    time.sleep(0.3)
+    w.pubsub.unsubscribe()  # the thread reads this reply and blocks in its next read
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    w.unsubscribe()
+    waited = time.monotonic() - t0
+    assert not w.pubsub_thread.is_alive()
+    assert waited < 10 * PUBSUB_READ_S, f"the worker waited {waited:.1f} s for its channel thread"

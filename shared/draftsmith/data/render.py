@@ -35,6 +35,11 @@ PROBE = "draftsmith-probe-reasoning-7f3a"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
+def _unmarked(text: str) -> str:
+    """``text`` without its ``<think>`` / ``</think>`` markers (what a reasoning parser may consume of them)."""
+    return text.replace(THINK_OPEN, "").replace(THINK_CLOSE, "")
+
+
 class SampleSkip(Exception):
     """A record that cannot become a sample; ``reason`` is counted in stats.json, ``detail`` is logged."""
 
@@ -271,8 +276,10 @@ class ChatRenderer:
         token-exact. Decoding the generated ids (special tokens kept, the end-of-turn tokens left out) gives the raw
         generation, which :meth:`texts` then splits at its first ``</think>`` as for a server without a reasoning
         parser (:meth:`split_inline_reasoning`). Only when, for every assistant turn, the raw generation without
-        its ``<think>``/``</think>`` markers is exactly the record's reasoning followed by its answer: a record whose
-        text differs in anything else (reasoning glued to the answer by hand, a changed answer) stays a mismatch.
+        its ``<think>``/``</think>`` markers is exactly the record's reasoning followed by its answer, also without
+        them (the parser keeps a second ``<think>`` that a target opened inside its answer but consumes the
+        ``</think>`` after it): a record whose text differs in anything else (reasoning glued to the answer by
+        hand, a changed answer) stays a mismatch.
         """
         if self.reasoning_mode == "none" or not self._has_think:
             return None
@@ -288,7 +295,7 @@ class ChatRenderer:
             raw = self.tok.decode(ids, skip_special_tokens=False)
             m = new["messages"][i]
             parsed = (m.get("reasoning") or m.get("reasoning_content") or "") + (m.get("content") or "")
-            if raw.replace(THINK_OPEN, "").replace(THINK_CLOSE, "") != parsed:
+            if _unmarked(raw) != _unmarked(parsed):
                 return None
             for key in ("reasoning", "reasoning_content", "thinking"):
                 m.pop(key, None)

@@ -76,6 +76,11 @@ class BoundScheduler(RQScheduler):
 MAINTENANCE_INTERVAL_S = 30
 
 
+# Longest blocking read of a worker's command channel (rq's: 60 s), which bounds how long a stopping worker waits
+# for its channel thread (:meth:`_DraftsmithWork.subscribe`).
+PUBSUB_READ_S = 1.0
+
+
 class _DraftsmithWork:
     """What every draftsmith worker adds to rq's (see the module docstring); mixed into a forking and a resident
     worker class."""
@@ -93,6 +98,20 @@ class _DraftsmithWork:
         """Seconds one blocking read of an empty queue waits: at most the maintenance interval, which runs
         between reads (rq's own: ``worker_ttl`` - 15 = 405 s)."""
         return max(1, min(self.worker_ttl - 15, MAINTENANCE_INTERVAL_S))
+
+    def subscribe(self) -> None:
+        """rq's command channel (shutdown, stop or kill a job), read in a thread that wakes every
+        :data:`PUBSUB_READ_S` instead of rq's 60 s.
+
+        rq wakes the blocked read at exit with the reply to its UNSUBSCRIBE; when the thread has already read that
+        reply and blocked again, the worker's exit waited out the whole read (a burst pool of the Kimi demo
+        stopped 60 s after its last job). A short read bounds that wait for one idle wake-up per second.
+        """
+        log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(sleep_time=PUBSUB_READ_S, daemon=True,
+                                                       exception_handler=self._pubsub_exception_handler)
 
     def _start_scheduler(self, burst: bool = False, logging_level: str | None = "INFO", *args, **kwargs):
         """rq's scheduler start, with :class:`BoundScheduler` (burst workers only enqueue due jobs, in-process)."""
