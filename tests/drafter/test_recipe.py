@@ -8,7 +8,7 @@ import pytest
 import torch
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.model import Eagle3Drafter
-from draftsmith.drafter.trainer import TTTObjective, add_feature_noise
+from draftsmith.drafter.objective import TTTObjective, add_feature_noise
 from draftsmith.drafter.ttt import target_view, ttt_loss
 
 

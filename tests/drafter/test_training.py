@@ -78,9 +78,9 @@ def test_resume_is_exact(run_factory):
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(run_factory, monkeypatch):
     s = run_factory("nan", ttt_steps=2, max_steps=6, save_every=2, eval_every=100)
     tr = Trainer(s)
-    import draftsmith.drafter.trainer as trainer_mod
+    import draftsmith.drafter.objective as objective_mod
 
-    real = trainer_mod.ttt_loss
+    real = objective_mod.ttt_loss
     calls = {"n": 0}
 
     def poisoned(*a, **k):
@@ -88,7 +88,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(run_factory, monkeypatch)
         calls["n"] += 1
         return (loss * float("nan"), st) if calls["n"] > 3 else (loss, st)
 
-    monkeypatch.setattr(trainer_mod, "ttt_loss", poisoned)
+    monkeypatch.setattr(objective_mod, "ttt_loss", poisoned)
     before = None
     with pytest.raises(TrainingError, match="loss is nan"):
         tr.run()

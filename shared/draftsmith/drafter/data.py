@@ -18,6 +18,9 @@ import torch
 from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as features_artifact
 from draftsmith.errors import DataError
+from draftsmith.log import get_logger
+
+log = get_logger(__name__)
 
 
 @runtime_checkable
@@ -143,6 +146,27 @@ def make_batches(
             batches.append(cur)
     rng.shuffle(batches)
     return batches
+
+
+def usable_split(samples: TrainSamples, features: FeatureSource, eval_fraction: float) -> tuple[list[str], list[str], int]:
+    """Train / held-out sample ids without the samples extraction left out (recorded in the features manifest, e.g.
+    NaN hidden states), and how many those are: a skip in extraction is honoured here, not refused.
+
+    Raises:
+        DataError: extraction left out every training sample.
+    """
+    train, held = samples.split(eval_fraction)
+    skipped = dict(getattr(features, "skipped", None) or {})
+    gone = [i for i in train + held if i in skipped]
+    if gone:
+        log.warning("leaving out %d sample(s) that extraction skipped (%s)", len(gone),
+                    ", ".join(sorted({skipped[i] for i in gone})))
+        train = [i for i in train if i not in skipped]
+        held = [i for i in held if i not in skipped]
+    if not train:
+        raise DataError(f"extraction skipped all {len(gone)} training samples (see features/"
+                        f"{features_artifact.MANIFEST_FILE})", "check the target and extract.dtype, then re-extract")
+    return train, held, len(gone)
 
 
 def collate(

@@ -1,4 +1,5 @@
-"""The trainer's fixed-format progress line and what it reports beside the losses (step time, peak memory, MFU)."""
+"""The trainer's fixed-format progress line, what it reports beside the losses (step time, peak memory, MFU), and
+the training section of the Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -54,3 +55,22 @@ def progress_line(step: int, total: int, epoch: int, st: StepStats, lr: float, t
     return (f"step {step:>7d}/{total} epoch {epoch} loss {sum(st.losses) / max(len(st.losses), 1):.4f} "
             f"acc {accs} accept_len {st.acceptance_length:.3f} lr {lr:.3e} tok/s {tps:,.0f} {extra}"
             f"elapsed {_fmt_s(elapsed)} eta {_fmt_s(eta)}")
+
+
+def set_train_metrics(run: str, step: int, epoch: int, lr: float, tps: float, train: StepStats,
+                      held: StepStats | None) -> None:
+    """Set the training gauges of :mod:`draftsmith.metrics` for ``run``: step, epoch, learning rate, tokens/s, and
+    per split (``train``, ``heldout`` when given) the loss and accuracy of each TTT step and the acceptance length."""
+    from draftsmith import metrics
+
+    metrics.TRAIN_STEP.labels(run).set(step)
+    metrics.TRAIN_EPOCH.labels(run).set(epoch)
+    metrics.TRAIN_LR.labels(run).set(lr)
+    metrics.TRAIN_TOKENS_PER_S.labels(run).set(tps)
+    for split, st in (("train", train), ("heldout", held)):
+        if st is None:
+            continue
+        for j, (loss_j, acc_j) in enumerate(zip(st.losses, st.accs, strict=True)):
+            metrics.TRAIN_LOSS.labels(run, split, str(j)).set(loss_j)
+            metrics.TRAIN_ACC.labels(run, split, str(j)).set(acc_j)
+        metrics.TRAIN_ACCEPT_LEN.labels(run, split).set(st.acceptance_length)

@@ -14,17 +14,15 @@ per ``train.log_every`` steps, mirrors it as Prometheus metrics (``draftsmith.me
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import closing, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
 from draftsmith.allocator import keep_freed_memory_for
-from draftsmith.artifacts.features import MANIFEST_FILE as FEATURES_MANIFEST
 from draftsmith.drafter.checkpoint import (
     full_model_state,
     full_optimizer_state,
@@ -36,13 +34,15 @@ from draftsmith.drafter.checkpoint import (
     save_checkpoint,
 )
 from draftsmith.drafter.config import derive_config
-from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches
+from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches, usable_split
 from draftsmith.drafter.distributed import all_sum, setup_distributed
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
 from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_memory_workers
 from draftsmith.drafter.model import Eagle3Drafter
-from draftsmith.drafter.progress import StepTiming, peak_memory_gb, progress_line
-from draftsmith.drafter.ttt import StepStats, draft_rows, target_view, ttt_loss
+from draftsmith.drafter.objective import TTTObjective, lr_lambda
+from draftsmith.drafter.progress import StepTiming, peak_memory_gb, progress_line, set_train_metrics
+from draftsmith.drafter.target_top1 import TargetTop1
+from draftsmith.drafter.ttt import StepStats, target_view
 from draftsmith.drafter.ttt_attention import set_ttt_attention
 from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
 from draftsmith.errors import DataError, Interrupted, TrainingError
@@ -51,50 +51,6 @@ from draftsmith.paths import RunPaths
 from draftsmith.precision import native_bf16
 
 log = get_logger(__name__)
-
-
-class TTTObjective(nn.Module):
-    """Wraps the drafter so that DDP sees one ``forward`` per micro-batch (the whole TTT unroll).
-
-    Args:
-        k, decay, all_rows, loss: see :func:`~draftsmith.drafter.ttt.ttt_loss`.
-        feature_noise: in training mode, Gaussian noise of ``feature_noise`` x (per-token RMS of each aux feature)
-            is added to the aux features (a regulariser against the train / held-out gap; off in eval mode).
-    """
-
-    def __init__(self, drafter: Eagle3Drafter, k: int, decay: float, all_rows: bool = False,
-                 feature_noise: float = 0.0, loss: str = "chunked") -> None:
-        super().__init__()
-        self.drafter, self.k, self.decay = drafter, k, decay
-        self.all_rows, self.feature_noise, self.loss = all_rows, feature_noise, loss
-
-    def forward(self, batch: dict[str, torch.Tensor], view) -> tuple[torch.Tensor, StepStats]:
-        aux = batch["aux"]
-        if self.training and self.feature_noise > 0:
-            aux = add_feature_noise(aux.float(), len(self.drafter.cfg.layer_ids), self.feature_noise)
-        return ttt_loss(self.drafter, batch["input_ids"], batch["loss_mask"], aux, batch["lengths"],
-                        view, self.k, self.decay, self.all_rows, self.loss)
-
-
-def add_feature_noise(aux: torch.Tensor, n_aux: int, scale: float) -> torch.Tensor:
-    """``aux + scale * rms * N(0, 1)`` per aux feature: ``aux`` ``[B, T, n_aux * H_t]``, ``rms`` ``[B, T, n_aux, 1]``
-    is each feature's root-mean-square at that position (so the noise is relative to each layer's own scale)."""
-    B, T, D = aux.shape
-    x = aux.view(B, T, n_aux, D // n_aux)  # [B, T, n, H_t]
-    rms = x.pow(2).mean(-1, keepdim=True).sqrt()  # [B, T, n, 1]
-    return (x + scale * rms * torch.randn_like(x)).view(B, T, D)
-
-
-def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
-    """Linear warm-up then cosine decay to ``min_ratio`` (SpecForge's schedule)."""
-
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        p = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p))
-
-    return f
 
 
 class Trainer:
@@ -149,7 +105,8 @@ class Trainer:
             self._resume_weights(ckpt)  # before sharding: the file holds whole tensors
         self.model.to(self.dist.device)
         self.lm_head = self.lm_head.to(self.dist.device)
-        self.train_ids, self.held_ids, self.extract_skipped = self._usable_split()
+        split = usable_split(self.samples, self.features, self.tc.eval_fraction)
+        self.train_ids, self.held_ids, self.extract_skipped = split
         self.lengths = {i: self.samples.samples[i].input_ids.numel() for i in self.train_ids}
         mean_len = sum(self.lengths.values()) / max(len(self.lengths), 1)
         self._flops_per_token = train_flops_per_token(self.cfg, int(mean_len), self.tc.ttt_steps)
@@ -170,42 +127,21 @@ class Trainer:
             self.ddp = nn.parallel.DistributedDataParallel(
                 self.objective, device_ids=[self.dist.device] if self.dist.device.type == "cuda" else None)
         self._standin_batch: dict[str, torch.Tensor] | None = None
+        self.top1 = TargetTop1(self.lm_head, self.model)
         self.opt = torch.optim.AdamW(self.model.trainable_parameters(), lr=self.tc.lr, betas=tuple(self.tc.betas),
                                      weight_decay=self.tc.weight_decay)
         per_epoch = len(self._rank_batches(0)) // self.tc.grad_accum
         if per_epoch == 0:
             raise DataError("fewer micro-batches per rank than train.grad_accum", "lower grad_accum or batch size")
-        self.steps_per_epoch = per_epoch
-        self.total_steps = self.tc.max_steps or per_epoch * self.tc.epochs
+        self.steps_per_epoch, self.total_steps = per_epoch, self.tc.max_steps or per_epoch * self.tc.epochs
         warm = int(self.tc.warmup_ratio * self.total_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, warm, self.tc.min_lr_ratio))
         self.step, self.epoch, self.position = self._resume_at
         self.nan_features = 0
-        self._iv_cache: dict[str, torch.Tensor] = {}
         if ckpt is not None:
             load_optimizer_state(ckpt, self.model, self.opt, self.sched)
             log.info("resumed from %s: step %d, epoch %d, micro-batch %d", ckpt.name, self.step, self.epoch,
                      self.position)
-
-    def _usable_split(self) -> tuple[list[str], list[str], int]:
-        """Train / held-out ids without the samples extraction left out (recorded in the features manifest, e.g.
-        NaN hidden states), and how many those are: a skip in extraction is honoured here, not refused.
-
-        Raises:
-            DataError: extraction left out every training sample.
-        """
-        train, held = self.samples.split(self.tc.eval_fraction)
-        skipped = dict(getattr(self.features, "skipped", None) or {})
-        gone = [i for i in train + held if i in skipped]
-        if gone:
-            log.warning("leaving out %d sample(s) that extraction skipped (%s)", len(gone),
-                        ", ".join(sorted({skipped[i] for i in gone})))
-            train = [i for i in train if i not in skipped]
-            held = [i for i in held if i not in skipped]
-        if not train:
-            raise DataError(f"extraction skipped all {len(gone)} training samples (see features/{FEATURES_MANIFEST})",
-                            "check the target and extract.dtype, then re-extract")
-        return train, held, len(gone)
 
     def _feature_source(self) -> FeatureSource:
         if self.tc.features == "stream":
@@ -262,7 +198,7 @@ class Trainer:
             self.objective.set_requires_gradient_sync(last)
         elif self.dist.world > 1 and not last:
             return self.ddp.no_sync()
-        return _null()
+        return nullcontext()
 
     def _rank_batches(self, epoch: int) -> list[list[str]]:
         b = make_batches(self.lengths, self.tc.batch_tokens, self.tc.batch_size, self.tc.seed, epoch)
@@ -282,7 +218,8 @@ class Trainer:
             return None
         self._batch_tokens = hb.tokens  # counted on the host, before the batch moves to the device
         b = {k: v.to(self.dist.device, non_blocking=True) for k, v in hb.tensors.items()}
-        b["in_vocab"] = self._in_vocab(hb.kept, b)
+        with self._autocast():  # a top-1 over the whole vocabulary: bf16 where it is native
+            b["in_vocab"] = self.top1.in_vocab(hb.kept, b["final"], b["lengths"]).to(self.dist.device)
         return b
 
     def _reader(self, batches: list[list[str]]):
@@ -293,28 +230,6 @@ class Trainer:
             self._workers_fit = shared_memory_workers(workers, self.tc.batch_tokens * 4 * 4 * self.features.hidden_size)
         workers = min(workers, getattr(self, "_workers_fit", workers))
         return read_ahead(self.samples, self.features, batches, workers, pin=self.dist.device.type == "cuda")
-
-    def _in_vocab(self, ids: list[str], b: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``[B, T]`` bool: the target's full-vocabulary top-1 is a draft token; computed once per sample, cached
-        (it costs a ``[T, V]`` matmul, more than a TTT step of a small drafter)."""
-        todo = [i for i, sid in enumerate(ids) if sid not in self._iv_cache]
-        if todo:
-            with self._autocast():  # a top-1 over the whole vocabulary: bf16 where it is native
-                view = target_view(b["final"][todo], self.lm_head, self.model.d2t, self.model.t2d,
-                                   rows=self._draft_rows())
-            for r, i in enumerate(todo):
-                self._iv_cache[ids[i]] = view.in_vocab[r, : int(b["lengths"][i])].cpu()
-        out = torch.zeros(b["input_ids"].shape, dtype=torch.bool)
-        for i, sid in enumerate(ids):
-            v = self._iv_cache[sid]
-            out[i, : v.numel()] = v
-        return out.to(self.dist.device)
-
-    def _draft_rows(self) -> torch.Tensor:
-        """``[N, H]`` the target head's rows of the draft vocabulary, gathered once (``d2t`` is fixed in a run)."""
-        if getattr(self, "_rows", None) is None:
-            self._rows = draft_rows(self.lm_head, self.model.d2t)
-        return self._rows
 
     @property
     def precision(self) -> str:
@@ -327,7 +242,7 @@ class Trainer:
 
     def _forward(self, batch, module) -> tuple[torch.Tensor, StepStats]:
         view = target_view(batch["final"], self.lm_head, self.model.d2t, self.model.t2d, in_vocab=batch["in_vocab"],
-                           rows=self._draft_rows())
+                           rows=self.top1.rows)
         with self._autocast():
             return module(batch, view)
 
@@ -375,35 +290,21 @@ class Trainer:
         self, interval: StepStats, tokens: float, t_int: float, t0: float, held: StepStats | None, line: bool = True,
         timing: StepTiming | None = None,
     ) -> None:
-        from draftsmith import metrics
-
-        run = self.s.run
         lr = self.sched.get_last_lr()[0]
         tps = tokens / max(t_int, 1e-9)
         if timing is not None and timing.mfu is None and tps:
             timing.mfu = mfu(tps, self._flops_per_token, self.dist.world, self._peak_flops)
+        text = progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0, timing)
         if self.dist.main and line:
-            log.info(progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0,
-                                   timing))
-        metrics.TRAIN_STEP.labels(run).set(self.step)
-        metrics.TRAIN_EPOCH.labels(run).set(self.epoch)
-        metrics.TRAIN_LR.labels(run).set(lr)
-        metrics.TRAIN_TOKENS_PER_S.labels(run).set(tps)
-        for split, st in (("train", interval), ("heldout", held)):
-            if st is None:
-                continue
-            for j, (loss_j, acc_j) in enumerate(zip(st.losses, st.accs, strict=True)):
-                metrics.TRAIN_LOSS.labels(run, split, str(j)).set(loss_j)
-                metrics.TRAIN_ACC.labels(run, split, str(j)).set(acc_j)
-            metrics.TRAIN_ACCEPT_LEN.labels(run, split).set(st.acceptance_length)
+            log.info(text)
+        set_train_metrics(self.s.run, self.step, self.epoch, lr, tps, interval, held)
         if self.dist.main:
             from draftsmith.artifacts.status import write_snapshot
 
             done = not line  # the closing report after the last step
             write_snapshot(
                 self.paths.root, "train", "done" if done else "running",
-                progress_line(self.step, self.total_steps, self.epoch, interval, lr, tps, time.time() - t0, timing)
-                + ("" if held is None else f" | held-out accept_len {held.acceptance_length:.3f}"),
+                text + ("" if held is None else f" | held-out accept_len {held.acceptance_length:.3f}"),
                 step=self.step, total_steps=self.total_steps, epoch=self.epoch, lr=lr, tokens_per_s=tps,
                 elapsed_s=time.time() - t0, precision=self.precision,
                 train={"loss": interval.losses, "acc": interval.accs, "accept_len": interval.acceptance_length},
@@ -538,11 +439,3 @@ class Trainer:
                 "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,
                                                       "accept_len": held.acceptance_length},
                 "checkpoint": str(latest_checkpoint(self.paths.checkpoints))}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
