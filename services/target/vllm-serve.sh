@@ -2,6 +2,9 @@
 # Start the official vLLM OpenAI server on the mounted target checkpoint (compose service `target-vllm`).
 # With DRAFTER_DIR set (a folder under /runs, e.g. /runs/demo/export/eagle3) the EAGLE-3 drafter is loaded with
 # NUM_SPECULATIVE_TOKENS chain tokens; vLLM then exports the vllm:spec_decode_* counters on /metrics.
+# The official image has no draftsmith to build this command, so it is written here; the flags it shares with
+# draftsmith's own server command (draftsmith.target.server.VLLMServerSpec, eagle3_config) must say the same
+# (tests/stack/test_compose.py::test_vllm_launch_script_agrees_with_the_server_spec).
 set -eu
 model="${MODELS_ROOT:-/models}/${TARGET_MODEL:?set TARGET_MODEL in .env}"
 if [ ! -f "$model/config.json" ]; then

@@ -379,6 +379,33 @@ def test_vllm_launch_script(tmp_path):
     assert "--speculative-config" not in _run_launch_script(tmp_path, "vllm-serve.sh", drafter=False)
 
 
+def test_vllm_launch_script_agrees_with_the_server_spec(tmp_path):
+    """The compose target (official image, shell) and draftsmith's own vLLM command (VLLMServerSpec) for the same
+    target, drafter and profile: every flag both write has the same value. The script adds what only a GPU host sets
+    (tensor parallel size, listening on 0.0.0.0:8000); the spec adds the CPU build's settings."""
+    import json
+
+    from draftsmith.target.server import VLLMServerSpec, eagle3_config
+
+    argv = _run_launch_script(tmp_path, "vllm-serve.sh", drafter=True, extra_env={
+        "TRUST_REMOTE_CODE": "1", "REASONING_PARSER": "kimi_k2", "TOOL_CALL_PARSER": "kimi_k2", "TARGET_EXTRA_ARGS": ""})
+    spec = VLLMServerSpec(model=tmp_path / "models" / "T", served_name="kimi", max_model_len=8192,
+                          trust_remote_code=True, speculative=eagle3_config(tmp_path / "draft", 3),
+                          extra_args=["--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2"])
+    cmd = spec.command()
+
+    def value(args: list[str], flag: str):
+        v = args[args.index(flag) + 1]
+        return json.loads(v) if flag == "--speculative-config" else v
+
+    shared = {"--model", "--served-model-name", "--max-model-len", "--speculative-config", "--reasoning-parser",
+              "--tool-call-parser"}
+    for flag in shared:
+        assert value(argv, flag) == value(cmd, flag), flag
+    assert "--trust-remote-code" in argv and "--trust-remote-code" in cmd
+    assert argv[:2] == cmd[1:3]  # the same server module
+
+
 def test_sglang_launch_script(tmp_path):
     argv = _run_launch_script(tmp_path, "sglang-serve.sh", drafter=True)
     assert argv[:2] == ["-m", "sglang.launch_server"] and "--enable-metrics" in argv

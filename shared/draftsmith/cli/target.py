@@ -81,7 +81,7 @@ def serve(
     eager: bool = typer.Option(None, "--eager/--compiled", help=setting_help("target.enforce_eager")),
 ) -> None:
     """Start vLLM's CPU build on the target, print its URL when it answers, stop cleanly on Ctrl-C."""
-    from draftsmith.target.server import VLLMServer, VLLMServerSpec
+    from draftsmith.target.server import VLLMServer, VLLMServerSpec, eagle3_config
 
     s = settings(target={"port": port, "host": host, "enforce_eager": eager})
     from draftsmith.target.checkpoint import target_checkpoint
@@ -92,8 +92,7 @@ def serve(
         dtype=s.target.dtype, max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,
         enforce_eager=s.target.enforce_eager, extra_args=s.target.extra_args,
         trust_remote_code=s.target.trust_remote_code,
-        speculative={"method": "eagle3", "model": str(drafter.resolve()), "num_speculative_tokens": k}
-        if drafter else None,
+        speculative=eagle3_config(drafter.resolve(), k) if drafter else None,
     )
     log_path = Path(s.runs_dir) / "logs" / f"vllm-{spec.port}.log"
     server = VLLMServer(spec, log_path)

@@ -104,10 +104,10 @@ def engine_url(e, engine: str) -> str | None:
 
 def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], logs: Path) -> dict[str, Any]:
     """Measure in vLLM: with the drafter (``eval.url`` or a server started here), then the baseline without it."""
-    from draftsmith.target.server import resolve_model
+    from draftsmith.target.server import eagle3_config, resolve_model
 
     e = s.eval
-    spec_cfg = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": e.k}
+    spec_cfg = eagle3_config(drafter, e.k)
     with ExitStack() as stack:
         if e.url:
             url = e.url

@@ -75,6 +75,14 @@ def needs_reference_mla(model: Path, dtype: str) -> bool:
     return dtype in ("float32", "float") and target_uses_mla(model)
 
 
+def eagle3_config(drafter: Path | str, k: int) -> dict:
+    """vLLM's ``--speculative-config`` for the EAGLE-3 drafter folder ``drafter`` proposing a chain of ``k`` tokens.
+
+    ``services/target/vllm-serve.sh`` writes the same JSON in the official image, which has no draftsmith to call;
+    ``tests/stack/test_compose.py`` checks that the two agree."""
+    return {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}
+
+
 @dataclass
 class VLLMServerSpec:
     """What to serve and how. ``speculative`` is vLLM's ``--speculative-config`` dict (e.g. an EAGLE-3 drafter)."""
