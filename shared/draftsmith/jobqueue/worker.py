@@ -103,9 +103,11 @@ class _DraftsmithWork:
         """rq's command channel (shutdown, stop or kill a job), read in a thread that wakes every
         :data:`PUBSUB_READ_S` instead of rq's 60 s.
 
-        rq wakes the blocked read at exit with the reply to its UNSUBSCRIBE; when the thread has already read that
+        rq 3.0 wakes the blocked read at exit with the reply to its UNSUBSCRIBE; when the thread has already read that
         reply and blocked again, the worker's exit waited out the whole read (a burst pool of the Kimi demo
-        stopped 60 s after its last job). A short read bounds that wait for one idle wake-up per second.
+        stopped 60 s after its last job). A short read bounds that wait for one idle wake-up per second. The body
+        is rq 3.0's own but for the read time (``_pubsub_exception_handler`` is rq's private handler);
+        tests/lifecycle/test_pool_stop.py fails if rq changes what this relies on.
         """
         log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
         self.pubsub = self.connection.pubsub()
