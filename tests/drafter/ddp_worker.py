@@ -40,14 +40,9 @@ def main() -> None:
     tr = Trainer(s)
     rank = int(os.environ["RANK"])
     if os.environ.get("POISON_RANK") == str(rank):  # this rank's first micro-batch gets NaN features
-        real, calls = tr.features.get, {"n": 0}
+        from nan_features import NaNFeatures  # beside this script; pickles for the spawned loader workers
 
-        def poisoned(ids):
-            calls["n"] += 1
-            feats = real(ids)
-            return [(a * float("nan"), f) for a, f in feats] if calls["n"] == 1 else feats
-
-        tr.features.get = poisoned
+        tr.features = NaNFeatures(tr.features.dir, tr._rank_batches(0)[0])
     before = digest(tr.weights())  # collective under FSDP: every rank calls it; only rank 0 gets the tensors
     result = tr.run(stop_at=stop_at)
     after = tr.weights()
