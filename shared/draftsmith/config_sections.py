@@ -260,7 +260,14 @@ class TrainConfig(Section):
         "refuse", description="When init_from's rotary settings (rope theta, scaling) differ from the target's: "
         "refuse, keep the drafter's (its weights were trained with them; the export carries them) or take the "
         "target's (fine-tuning adapts).")
-    lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="adamw (every parameter) or muon (PyTorch's Muon on the hidden weight matrices, AdamW on "
+        "the output head and the norms; drafter/optimizer.py).")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate (AdamW; Muon's too unless muon_lr is set).")
+    muon_lr: float | None = Field(None, gt=0, description="Peak Muon learning rate (update RMS matched to AdamW's); "
+                                  "None = lr.")
+    muon_momentum: float = Field(0.95, gt=0, lt=1, description="Muon's momentum.")
+    muon_weight_decay: float = Field(0.1, ge=0, description="Muon's decoupled weight decay.")
     warmup_ratio: float = Field(0.015, ge=0, le=1, description="Share of steps with linear warm-up.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a share of the peak lr.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")

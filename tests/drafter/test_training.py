@@ -56,14 +56,16 @@ def test_progress_line_format():
                     "tok/s 1,234 elapsed 0:01:05 eta 0:01:05")
 
 
-def test_resume_is_exact(run_factory):
-    """Interrupted at step 4 (after its checkpoint) and resumed == never interrupted."""
-    kw = dict(ttt_steps=2, max_steps=8, save_every=4, log_every=4, eval_every=100, seed=3)
-    straight = Trainer(run_factory("straight", **kw))
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_is_exact(run_factory, optimizer):
+    """Interrupted at step 4 (after its checkpoint) and resumed == never interrupted, with either optimizer (Muon's
+    momentum and AdamW's moments both travel in the checkpoint)."""
+    kw = dict(ttt_steps=2, max_steps=8, save_every=4, log_every=4, eval_every=100, seed=3, optimizer=optimizer)
+    straight = Trainer(run_factory(f"straight-{optimizer}", **kw))
     straight.run()
     a = model_state(straight.model)
 
-    s = run_factory("interrupted", **kw)
+    s = run_factory(f"interrupted-{optimizer}", **kw)
     Trainer(s).run(stop_at=5)  # crash after step 5: steps 5.. are lost, step-4 checkpoint remains
     resumed = Trainer(s)
     assert resumed.step == 4 and resumed.position == 4 * 1
@@ -73,6 +75,7 @@ def test_resume_is_exact(run_factory):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
     assert resumed.sched.last_epoch == straight.sched.last_epoch == 8
+    assert [type(o).__name__ for o in resumed.opt] == (["Muon", "AdamW"] if optimizer == "muon" else ["AdamW"])
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(run_factory, monkeypatch):

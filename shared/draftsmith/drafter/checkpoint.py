@@ -211,10 +211,11 @@ def load_optimizer_state(ckpt: Path, model, optimizer, scheduler) -> None:
     osd = load_plain(ckpt / artifact.OPTIMIZER_FILE)
     try:
         set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
+        scheduler.load_state_dict(load_plain(ckpt / artifact.SCHEDULER_FILE))
     except (KeyError, RuntimeError, ValueError) as e:
-        raise ModelError(f"optimizer state of {ckpt} does not fit this drafter ({e})",
-                         "resume into the run that wrote it, or set train.resume=false to start over") from e
-    scheduler.load_state_dict(load_plain(ckpt / artifact.SCHEDULER_FILE))
+        raise ModelError(f"optimizer state of {ckpt} does not fit this drafter and train.optimizer ({e})",
+                         "resume into the run that wrote it with its settings, or set train.resume=false to start "
+                         "over") from e
     set_rng_state(load_plain(ckpt / artifact.RNG_FILE))
 
 

@@ -1,4 +1,4 @@
-"""The training loop: AdamW + cosine warm-up, accumulation, clipping, DDP/FSDP, checkpoints, held-out evaluation.
+"""The training loop: AdamW (or Muon + AdamW) + cosine warm-up, accumulation, clipping, DDP/FSDP, checkpoints, held-out evaluation.
 
 Run under ``torchrun`` for data parallelism (gloo on CPU, NCCL on GPU): each rank takes every ``world``-th
 micro-batch of the same deterministic, length-bucketed order. ``train.parallel=ddp`` replicates the drafter;
@@ -40,6 +40,7 @@ from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
 from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_memory_workers
 from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.drafter.objective import TTTObjective, lr_lambda
+from draftsmith.drafter.optimizer import LRSchedule, Optimizers
 from draftsmith.drafter.progress import StepTiming, peak_memory_gb, progress_line, set_train_metrics
 from draftsmith.drafter.target_top1 import TargetTop1
 from draftsmith.drafter.ttt import StepStats, target_view
@@ -128,14 +129,13 @@ class Trainer:
                 self.objective, device_ids=[self.dist.device] if self.dist.device.type == "cuda" else None)
         self._standin_batch: dict[str, torch.Tensor] | None = None
         self.top1 = TargetTop1(self.lm_head, self.model)
-        self.opt = torch.optim.AdamW(self.model.trainable_parameters(), lr=self.tc.lr, betas=tuple(self.tc.betas),
-                                     weight_decay=self.tc.weight_decay)
+        self.opt = Optimizers(self.model, self.tc)
         per_epoch = len(self._rank_batches(0)) // self.tc.grad_accum
         if per_epoch == 0:
             raise DataError("fewer micro-batches per rank than train.grad_accum", "lower grad_accum or batch size")
         self.steps_per_epoch, self.total_steps = per_epoch, self.tc.max_steps or per_epoch * self.tc.epochs
         warm = int(self.tc.warmup_ratio * self.total_steps)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(self.total_steps, warm, self.tc.min_lr_ratio))
+        self.sched = LRSchedule(self.opt, lr_lambda(self.total_steps, warm, self.tc.min_lr_ratio))
         self.step, self.epoch, self.position = self._resume_at
         self.nan_features = 0
         if ckpt is not None:
@@ -290,7 +290,7 @@ class Trainer:
         self, interval: StepStats, tokens: float, t_int: float, t0: float, held: StepStats | None, line: bool = True,
         timing: StepTiming | None = None,
     ) -> None:
-        lr = self.sched.get_last_lr()[0]
+        lr = self.sched.get_last_lr()[-1]  # AdamW's (every recipe has it)
         tps = tokens / max(t_int, 1e-9)
         if timing is not None and timing.mfu is None and tps:
             timing.mfu = mfu(tps, self._flops_per_token, self.dist.world, self._peak_flops)
@@ -398,7 +398,7 @@ class Trainer:
                     steps_in_interval += 1
                     self.opt.step()
                     self.sched.step()
-                    self.opt.zero_grad(set_to_none=True)
+                    self.opt.zero_grad()
                     self.step += 1
                     self.position += len(group)
                     if self.step % tc.eval_every == 0 and self.held_ids:

@@ -1,0 +1,76 @@
+"""The optimizer split (Muon on hidden matrices, AdamW on the rest) and the shared lr schedule's checkpoint state."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from draftsmith.drafter.optimizer import LRSchedule, Optimizers, split_for_muon
+from torch import nn
+
+
+class Toy(nn.Module):
+    """The parameter kinds of a drafter: a frozen embedding, hidden matrices, a norm vector, the output head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(10, 4)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(8, 4, bias=False)
+        self.q_proj = nn.Linear(4, 4, bias=True)
+        self.norm = nn.LayerNorm(4)
+        self.lm_head = nn.Linear(4, 6, bias=False)
+
+
+def tc(optimizer: str, **kw) -> SimpleNamespace:
+    return SimpleNamespace(optimizer=optimizer, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.0, muon_lr=None,
+                           muon_momentum=0.95, muon_weight_decay=0.1, **kw)
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    m = Toy()
+    muon, adamw = split_for_muon(m)
+    assert {id(p) for p in muon} == {id(m.fc.weight), id(m.q_proj.weight)}
+    assert {id(p) for p in adamw} == {id(m.q_proj.bias), id(m.norm.weight), id(m.norm.bias), id(m.lm_head.weight)}
+    opts = Optimizers(m, tc("muon"))
+    assert [type(o).__name__ for o in opts] == ["Muon", "AdamW"]
+    assert [type(o).__name__ for o in Optimizers(m, tc("adamw"))] == ["AdamW"]
+    assert sum(len(g["params"]) for o in Optimizers(m, tc("adamw")) for g in o.param_groups) == 6  # not the embedding
+
+
+def test_a_step_moves_every_trainable_parameter_and_not_the_embedding():
+    torch.manual_seed(0)
+    m = Toy()
+    before = {k: v.detach().clone() for k, v in m.named_parameters()}
+    opts = Optimizers(m, tc("muon"))
+    x = torch.randn(3, 8)
+    m.lm_head(m.norm(m.q_proj(m.fc(x)))).square().mean().backward()
+    opts.step()
+    opts.zero_grad()
+    moved = {k for k, v in m.named_parameters() if not torch.equal(v, before[k])}
+    assert moved == {"fc.weight", "q_proj.weight", "q_proj.bias", "norm.weight", "norm.bias", "lm_head.weight"}
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_the_schedule_is_shared_and_its_state_round_trips():
+    m = Toy()
+    opts = Optimizers(m, tc("muon"))
+    sched = LRSchedule(opts, lambda step: 1.0 / (1 + step))
+    for _ in range(3):
+        opts.step()
+        sched.step()
+    assert sched.last_epoch == 3
+    assert sched.get_last_lr() == pytest.approx([1e-2 / 4, 1e-2 / 4])  # Muon's lr = lr when muon_lr is None
+    again = LRSchedule(Optimizers(m, tc("muon")), lambda step: 1.0 / (1 + step))
+    again.load_state_dict(sched.state_dict())
+    assert again.last_epoch == 3
+    # a checkpoint of one optimizer (a plain LambdaLR state) restores both schedulers
+    single = Optimizers(m, tc("adamw"))
+    one = LRSchedule(single, lambda step: 1.0)
+    single.step()
+    one.step()
+    again.load_state_dict(one.schedulers[0].state_dict())
+    assert [s.last_epoch for s in again.schedulers] == [1, 1]
+    with pytest.raises(ValueError, match="2 lr schedulers, this train.optimizer has 1"):
+        LRSchedule(Optimizers(m, tc("adamw")), lambda step: 1.0).load_state_dict(sched.state_dict())
