@@ -2,13 +2,14 @@
 
 Both sides get the same samples (a draftsmith run's ``data/``: token ids and loss masks of the regenerated
 conversations), the same drafter shape (one decoder layer), the same TTT depth, the same draft vocabulary size and
-the same number of epochs. draftsmith trains with its demo recipe (``draftsmith.demo_sizes.RECIPE``, the learning rate of
-the demo size the data come from) on its stored features; speculators trains with its own defaults in its own
-virtualenv (``scripts/peer-venv.sh``; the CPU patches are listed there), on hidden states made for it by
-``bench/peer_speculators.py`` (the same aux layers, the last layer before the final norm, the same d2t/t2d), in
-packs of 1,024 tokens, on every sample but one (its trainer always keeps its last rows for validation). Each drafter is then served by vLLM CPU beside the embedded target (K speculative
-tokens, temperature 0) and answers the same prompts of every bundled set one at a time, so that vLLM's counters
-give each prompt's drafts and accepted tokens.
+the same number of epochs, under the same bf16 autocast (the peer's trainer always runs under it). draftsmith
+trains with its demo recipe (``draftsmith.demo_sizes.RECIPE``, the learning rate of the demo size the data come from)
+on its stored features; speculators trains with its own defaults in its own virtualenv (``scripts/peer-venv.sh``;
+the CPU patches are listed there), on hidden states made for it by ``bench/peer_speculators.py`` (the same aux
+layers, the last layer before the final norm, the same d2t/t2d), in packs of 1,024 tokens, on every sample but one
+(its trainer always keeps its last rows for validation). Each drafter is then served by vLLM CPU beside the embedded
+target (K speculative tokens, temperature 0) and answers the same prompts of every bundled set one at a time, so that
+vLLM's counters give each prompt's drafts and accepted tokens.
 
 Prints per side: mean acceptance length overall and per set, training wall time; then
 ``RATIO peer_acceptance <draftsmith / speculators>`` (the ratio of the overall mean acceptance lengths) and
@@ -132,8 +133,10 @@ def train_ours(run: Path, work: Path, env: dict[str, str], a, logs: Path) -> Sid
     mine.mkdir(parents=True)
     for part in ("data", "features"):
         (mine / part).symlink_to((run / part).resolve())
+    # bf16 autocast, as the peer's trainer always runs (its CPU patch 2): the same arithmetic on both sides, whatever
+    # draftsmith's precision rule picks on this CPU
     train = {**RECIPE, "ttt_steps": a.ttt_steps, "epochs": a.epochs, "lr": a.lr, "eval_fraction": 0.0,
-             "draft_vocab_size": a.vocab, "batch_tokens": 4096, "num_layers": 1, "log_every": 20,
+             "precision": "bf16", "draft_vocab_size": a.vocab, "batch_tokens": 4096, "num_layers": 1, "log_every": 20,
              "save_every": 100000, "eval_every": 100000}
     for kv in a.ours:  # a variant of the recipe: train.KEY=VALUE (JSON values; plain strings as they are)
         key, _, value = kv.partition("=")

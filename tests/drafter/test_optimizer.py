@@ -74,3 +74,27 @@ def test_the_schedule_is_shared_and_its_state_round_trips():
     assert [s.last_epoch for s in again.schedulers] == [1, 1]
     with pytest.raises(ValueError, match="2 lr schedulers, this train.optimizer has 1"):
         LRSchedule(Optimizers(m, tc("adamw")), lambda step: 1.0).load_state_dict(sched.state_dict())
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [("adamw", "muon"), ("muon", "adamw")])
+def test_a_checkpoint_of_the_other_optimizer_is_refused_with_its_fix(tmp_path, saved, resumed):
+    from draftsmith.drafter.checkpoint import (full_optimizer_state, load_optimizer_state, model_state,
+                                               save_checkpoint)
+    from draftsmith.errors import ModelError
+
+    m = Toy()
+    opts = Optimizers(m, tc(saved))
+    sched = LRSchedule(opts, lambda step: 1.0)
+    m.lm_head(m.norm(m.q_proj(m.fc(torch.randn(3, 8))))).square().mean().backward()
+    opts.step()
+    opts.zero_grad()  # as after a trainer step: a resume finds no gradients
+    sched.step()
+    ckpt = save_checkpoint(tmp_path, model_state(m), full_optimizer_state(m, opts), sched, {"step": 1}, keep=1)
+    again = Optimizers(m, tc(resumed))
+    with pytest.raises(ModelError, match=r"parameter groups of \[.*train.optimizer have") as e:
+        load_optimizer_state(ckpt, m, again, LRSchedule(again, lambda step: 1.0))
+    assert "train.resume=false" in e.value.hint
+    # the same settings resume
+    same = Optimizers(m, tc(saved))
+    load_optimizer_state(ckpt, m, same, LRSchedule(same, lambda step: 1.0))
+    assert [len(o.state) for o in same] == [len(o.state) for o in opts]

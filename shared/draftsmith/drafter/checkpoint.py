@@ -204,11 +204,21 @@ def load_optimizer_state(ckpt: Path, model, optimizer, scheduler) -> None:
     before the model is sharded). Under FSDP every rank calls it; each takes its shard of the whole state.
 
     Raises:
-        ModelError: the optimizer state names parameters this drafter does not have (another architecture).
+        ModelError: the optimizer state names parameters this drafter does not have (another architecture), or
+            groups them otherwise (another ``train.optimizer``).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     osd = load_plain(ckpt / artifact.OPTIMIZER_FILE)
+    # PyTorch's loader fails on another grouping with a bare AssertionError ("Expected device to be set"), so the
+    # parameter groups (one per optimizer here: AdamW, or Muon then AdamW) are compared first
+    saved = [len(g["params"]) for g in osd.get("param_groups", [])]
+    wanted = [len(g["params"]) for o in optimizer for g in o.param_groups]
+    if saved != wanted:
+        raise ModelError(f"optimizer state of {ckpt} has parameter groups of {saved} parameters, this drafter and "
+                         f"train.optimizer have {wanted}",
+                         "resume into the run that wrote it with its settings (train.optimizer), or set "
+                         "train.resume=false to start over")
     try:
         set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
         scheduler.load_state_dict(load_plain(ckpt / artifact.SCHEDULER_FILE))
