@@ -78,8 +78,12 @@ def test_the_schedule_is_shared_and_its_state_round_trips():
 
 @pytest.mark.parametrize(("saved", "resumed"), [("adamw", "muon"), ("muon", "adamw")])
 def test_a_checkpoint_of_the_other_optimizer_is_refused_with_its_fix(tmp_path, saved, resumed):
-    from draftsmith.drafter.checkpoint import (full_optimizer_state, load_optimizer_state, model_state,
-                                               save_checkpoint)
+    from draftsmith.drafter.checkpoint import (
+        full_optimizer_state,
+        load_optimizer_state,
+        model_state,
+        save_checkpoint,
+    )
     from draftsmith.errors import ModelError
 
     m = Toy()
