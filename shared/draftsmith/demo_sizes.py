@@ -51,9 +51,11 @@ class DemoSize:
 # The training recipe of both SmolLM2 sizes (measured in bench/recipe.py, docs/benchmarks.md): residual
 # carries the normed feature, TTT depth = the K served, micro-batches of 4, a cosine floor of 0.1 x the peak, and
 # every extracted row in the loss (prompt rows too), and Muon on the hidden matrices (1.455 -> 1.521 in vLLM on
-# 1,115 regenerated samples at one epoch, ahead of speculators' 1.489: docs/benchmarks.md, the peer section).
+# 1,115 regenerated samples at one epoch, ahead of speculators' 1.489) at a peak of 3e-3 whatever the size's lr
+# (held out on the same data: Muon at 1e-3 / 2e-3 / 3e-3 / 5e-3 gave 1.71 / 1.81 / 1.84 / 1.79; docs/benchmarks.md,
+# the peer section).
 RECIPE: dict[str, Any] = {"norm_before_residual": True, "ttt_steps": 3, "batch_size": 4, "min_lr_ratio": 0.1,
-                          "loss_rows": "all", "optimizer": "muon"}
+                          "loss_rows": "all", "optimizer": "muon", "muon_lr": 3e-3}
 
 # The stages of both tiny reasoning targets (the MLA and the Kimi-K2.5-layout sizes), float32 throughout: the MLA
 # path was built and measured in float32 (docs/mla.md)
