@@ -213,7 +213,8 @@ def load_optimizer_state(ckpt: Path, model, optimizer, scheduler) -> None:
     # PyTorch's loader fails on another grouping with a bare AssertionError ("Expected device to be set"), so the
     # parameter groups (one per optimizer here: AdamW, or Muon then AdamW) are compared first
     saved = [len(g["params"]) for g in osd.get("param_groups", [])]
-    wanted = [len(g["params"]) for o in optimizer for g in o.param_groups]
+    opts = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)  # one, or Optimizers
+    wanted = [len(g["params"]) for o in opts for g in o.param_groups]
     if saved != wanted:
         raise ModelError(f"optimizer state of {ckpt} has parameter groups of {saved} parameters, this drafter and "
                          f"train.optimizer have {wanted}",
