@@ -45,18 +45,31 @@ TRAIN = dict(batch_size=4, batch_tokens=1024, eval_fraction=0.1, log_every=2, ev
              max_steps=4, lr=1e-3, warmup_ratio=0.1, draft_vocab_size=512)
 
 
+def private_tmp() -> str:
+    """Shell commands, run inside a host's new mount namespace, that put a fresh 1 GiB tmpfs over ``/tmp`` and keep
+    the code visible: a checkout (or its virtualenv) that itself lives under ``/tmp`` is bind-mounted back at its
+    own path, through a private tmpfs on ``/mnt`` that holds it while ``/tmp`` is replaced."""
+    keep = sorted({str(p) for p in (REPO, Path(sys.prefix)) if Path(p).is_relative_to("/tmp")})
+    keep = [p for p in keep if not any(p != q and Path(p).is_relative_to(q) for q in keep)]  # outermost only
+    stash = [f"mount --bind {shlex.quote(p)} /mnt/keep{i}" for i, p in enumerate(keep)]
+    back = [f"mkdir -p {shlex.quote(p)} && mount --move /mnt/keep{i} {shlex.quote(p)}" for i, p in enumerate(keep)]
+    made = [f"mkdir /mnt/keep{i}" for i in range(len(keep))]
+    steps = ([*(["mount -t tmpfs tmpfs /mnt"] + made if keep else []), *stash, "mount -t tmpfs -o size=1g tmpfs /tmp",
+              *back])
+    return " && ".join(steps)
+
+
 def start_host(s, *args: str, env: dict[str, str], spend_pids: bool = False) -> subprocess.Popen:
     """A `draftsmith` command (args) as pid 1's child in a new mount + pid namespace, /tmp a fresh tmpfs of its own
-    (its working copies go there: ``stage_dir`` /tmp/stage); its output goes to a file of the test (opened before
-    the namespace hides /tmp).
+    (its working copies go there: ``stage_dir`` /tmp/stage; a checkout under /tmp stays visible,
+    :func:`private_tmp`); its output goes to a file of the test (opened before the namespace hides /tmp).
 
     Args:
         spend_pids: start the command as the namespace's fourth process, not its first: torch's rendezvous names a
             node by host name and pid, and these "hosts" share the host name.
     """
     start = "(true); (true); " if spend_pids else "exec "
-    inner = (f"mount -t tmpfs -o size=1g tmpfs /tmp && cd / && {start}{sys.executable} -m draftsmith "
-             + shlex.join(args))
+    inner = (f"{private_tmp()} && cd / && {start}{sys.executable} -m draftsmith " + shlex.join(args))
     full = dict(os.environ)
     full.update({"DRAFTSMITH_REDIS__URL": s.redis.url, "DRAFTSMITH_REDIS__PREFIX": s.redis.prefix,
                  "DRAFTSMITH_RUNS_DIR": str(s.runs_dir), "DRAFTSMITH_RUN": s.run, "DRAFTSMITH_STAGE_DIR": "/tmp/stage",
@@ -215,3 +228,18 @@ def test_a_worker_without_the_local_run_folder_refuses_its_jobs(tmp_path, redis_
 
     (jid,) = report.jobs
     assert fetch_job(redis.Redis.from_url(redis_url), jid).get_status() == "queued"
+
+
+def test_a_host_sees_a_checkout_under_tmp_but_not_the_tests_files(tmp_path, monkeypatch):
+    """A clone under /tmp (CI may clone there) stays visible on a host whose /tmp is its own tmpfs; the test's own
+    files under /tmp do not."""
+    clone = tmp_path / "clone"
+    (clone / "shared").mkdir(parents=True)
+    (clone / "shared" / "code.py").write_text("code")
+    (tmp_path / "runs.txt").write_text("the test's")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", clone)
+    script = f"{private_tmp()} && cat {clone}/shared/code.py && echo && ls {tmp_path}"
+    p = subprocess.run(["unshare", "--kill-child", "-m", "-p", "-f", "--mount-proc", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["code", "clone"]
