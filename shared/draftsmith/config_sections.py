@@ -103,14 +103,25 @@ class GenerationConfig(Section):
     """Regeneration of answers by the target through the rq worker pool."""
 
     max_tokens: int = Field(1024, ge=1, description="Most new tokens per assistant turn.")
-    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature (0 = greedy, matches T=0 eval).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    temperature: float = Field(0.0, ge=0.0, description=(
+        "Sampling temperature (0 = greedy). Unless set, the target's generation_config.json value when it has one "
+        "(a long-reasoning target loops under greedy decoding until max_tokens), else 0."))
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "Nucleus sampling threshold; unless set, the target's generation_config.json value when it has one."))
+    top_k: int | None = Field(None, ge=-1, description=(
+        "Top-k sampling (-1 = off); unless set, the target's generation_config.json value when it has one; None "
+        "sends none (the server's default)."))
     seed: int | None = Field(0, description="Per-request sampling seed; None lets the server pick.")
     concurrency: int = Field(128, ge=1, description="In-flight request cap shared by all workers (the seed: 128).")
     batch_size: int = Field(64, ge=1, description=(
         "Prompts per rq job (one record shard per job). Each job pays a fixed cost (a forked work-horse, an HTTP "
         "client); 64 keeps it small against a fast server (docs/benchmarks.md, generation_scale)."))
-    request_timeout_s: float = Field(3600.0, gt=0, description="Client timeout of one request, in seconds.")
+    request_timeout_s: float | None = Field(None, gt=0, description=(
+        "Client timeout of one request, in seconds; None derives it from the lengths: max_tokens at "
+        "generation.decode_tok_s, twice, and never under 3,600 s (32,768 tokens at 10 tok/s: 6,554 s)."))
+    decode_tok_s: float = Field(10.0, gt=0, description=(
+        "Slowest decode rate one sequence is expected to see at full concurrency, in tokens/s: sizes the derived "
+        "request_timeout_s (measure it on the target's dashboard and set it for a faster or slower server)."))
     handoff_after_s: float = Field(600.0, ge=0, description=(
         "A request of a batch job still running after this many seconds is cancelled and its prompt handed to a "
         "tail job of its own (stragglers run together, so one long answer does not hold a worker process and its "
@@ -134,7 +145,8 @@ class DataConfig(Section):
         "truncate", description=f"Policy for samples longer than max_length (both counted in {STATS_FILE})."
     )
     truncated_answers: Literal["keep", "drop"] = Field(
-        "keep", description="Policy for turns cut by finish_reason=length (kept turns supervise no end-of-turn)."
+        "keep", description="Policy for turns cut by finish_reason=length (kept turns supervise no end-of-turn); "
+        "unless set, drop for a reasoning target (its profile has a reasoning parser or its chat template <think>)."
     )
     tokenizer: str | None = Field(
         None, description="Tokenizer folder; None = target.path, else the embedded target checkpoint."

@@ -38,6 +38,10 @@ def build_data_cmd(
         paths = RunPaths(s.runs_dir, s.run)
         keep(f"the records in {paths.records}; the training data is built again from them")
         tok_path = _tokenizer_path(s)
+        from draftsmith.target.defaults import apply_data_defaults
+
+        for line in apply_data_defaults(s, tok_path):
+            typer.echo(f"Default {line}")
         expected = s.target.model or tok_path.name
         res = build_data(paths.records, paths.data, tok_path, s.data, expected, check_only=check,
                          config_dump=s.model_dump(mode="json"), trust_remote_code=s.target.trust_remote_code)

@@ -132,15 +132,21 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     """Extract prompts from ``source`` into the run and enqueue what is pending.
 
     ``source`` None re-enqueues the run's existing ``prompts.jsonl`` (resume after a crash or a Redis flush).
+    Generation keys the config leaves unset take the target's defaults first
+    (:func:`~draftsmith.target.defaults.apply_generation_defaults`: its recommended sampling, a request timeout for
+    the lengths), each said through ``say``; ``s`` is changed in place.
 
     Raises:
         SourceError, TargetUnavailable, ModelNotServed, DiskSpaceError, QueueError: see their messages.
     """
     from draftsmith.jobqueue.queues import connect, get_queue
+    from draftsmith.target.defaults import apply_generation_defaults, target_folder_or_none
     from draftsmith.target.server import resolve_model
 
     paths = RunPaths(s.runs_dir, s.run)
     report = EnqueueReport()
+    for line in apply_generation_defaults(s, target_folder_or_none(s)):  # the jobs carry the values taken
+        say(f"Default {line}")
     existing = load_prompts(paths.prompts)
     client = board = None
     if not dry_run:

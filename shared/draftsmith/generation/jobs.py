@@ -32,6 +32,7 @@ from draftsmith.jobqueue.hooks import at_pool_start, before_job
 from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
 from draftsmith.jobqueue.queues import get_queue
 from draftsmith.log import get_logger
+from draftsmith.target.defaults import derived_request_timeout_s
 
 log = get_logger(__name__)
 
@@ -57,6 +58,8 @@ def sampling_params(s: Settings) -> dict[str, Any]:
     """The sampling part of a chat request body (also stored in every record)."""
     g = s.generation
     body: dict[str, Any] = {"temperature": g.temperature, "top_p": g.top_p, "max_tokens": g.max_tokens}
+    if g.top_k is not None:
+        body["top_k"] = g.top_k
     if g.seed is not None:
         body["seed"] = g.seed
     return body
@@ -218,7 +221,7 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
     # the worker's own target wins (a pool next to its server replica); else the URL enqueue checked
     api_key = secret_value(s.target.api_key) or os.environ.get(API_KEY_ENV)
     client = ChatClient(target_url, model, api_key=api_key,
-                        request_timeout_s=g.request_timeout_s, connect_timeout_s=g.connect_timeout_s,
+                        request_timeout_s=g.request_timeout_s or derived_request_timeout_s(g.max_tokens, g.decode_tok_s), connect_timeout_s=g.connect_timeout_s,
                         max_retries=g.max_retries, backoff_s=g.backoff_s, on_error=count_error)
     failed = 0
 
