@@ -74,8 +74,8 @@ ps: check-secrets ## Containers of the stack and their health
 logs: check-secrets ## Follow logs (SERVICE=generator for one service)
 	$(COMPOSE) --profile $(ENGINE) logs -f --tail=200 $(SERVICE)
 
-enqueue: check-secrets ## Enqueue prompts: make enqueue RUN=demo SOURCE=/data/prompts/gsm8k_train.jsonl LIMIT=1000 [MAX_TOKENS= BATCH=]
-	$(RUN_JOB) draftsmith enqueue --run $(RUN) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT)) \
+enqueue: check-secrets ## Enqueue prompts: make enqueue RUN=demo SOURCE=/data/prompts/gsm8k_train.jsonl LIMIT=1000 (a seeded sample; FILE_ORDER=1: the first ones) [MAX_TOKENS= BATCH=]
+	$(RUN_JOB) draftsmith enqueue --run $(RUN) --source $(SOURCE) $(if $(LIMIT),--limit $(LIMIT)) $(if $(FILE_ORDER),--file-order) \
 	  $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) $(if $(BATCH),--batch-size $(BATCH))
 
 status: check-secrets ## Phase and progress of a run: make status RUN=demo

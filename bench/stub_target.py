@@ -7,6 +7,10 @@ over HTTP/1.1 keep-alive, one process, so one core serves thousands of requests 
 that of ``tests/fixtures/generation/vllm_200_chat_token_ids.json`` (recorded from vLLM 0.32). It is the pool that is
 under test here, not a model.
 
+A request with ``"stream": true`` is answered as vLLM streams (server-sent events, :func:`stream_chunks`): the first
+chunk as soon as a sequence slot is free (``--max-concurrency``), the rest after the delay, so time queued for a
+slot comes before the first token as in an engine.
+
 A long-tailed server (``--tail-fraction 0.02 --tail-factor 20``): that fraction of the prompts is answered
 ``--tail-factor`` times slower, as a reasoning model's longest answers are. Which prompts are slow follows from a
 hash of the request's messages, so the same prompt is slow for every client and every attempt (a long answer stays
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import zlib
@@ -60,6 +65,29 @@ def chat_body(model: str, req: dict, n: int, answer_bytes: int = 0) -> dict:
     }
 
 
+def stream_chunks(body: dict) -> list[dict]:
+    """``body`` (from :func:`chat_body`) as vLLM streams it with ``return_token_ids`` and ``include_usage``: a first
+    chunk with the role and the prompt's token ids (sent with the first token), one with the text and the token
+    ids, one with the finish reason, and the usage."""
+    ch = body["choices"][0]
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+    return [
+        {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}], "prompt_token_ids": body["prompt_token_ids"]},
+        {**head, "choices": [{"index": 0, "delta": {"content": ch["message"]["content"]}, "logprobs": None,
+                              "finish_reason": None, "token_ids": ch["token_ids"][:-1]}]},
+        {**head, "choices": [{"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "stop",
+                              "stop_reason": None, "token_ids": ch["token_ids"][-1:]}]},
+        {**head, "choices": [], "usage": body["usage"]},
+    ]
+
+
+def _event(chunk: dict | str) -> bytes:
+    """One server-sent event as one HTTP/1.1 chunk (chunked transfer encoding)."""
+    data = f"data: {chunk if isinstance(chunk, str) else json.dumps(chunk)}\n\n".encode()
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, model: str, delay_s: float,
                  stats: Stats, answer_bytes: int = 0, slots: asyncio.Semaphore | None = None,
                  tail_fraction: float = 0.0, tail_factor: float = 1.0) -> None:
@@ -82,15 +110,24 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mod
                 if is_slow(raw, tail_fraction):
                     stats.slow += 1
                     delay = delay_s * tail_factor
+                req = json.loads(raw or b"{}")
+                body = chat_body(model, req, num, answer_bytes)
+                chunks = stream_chunks(body) if req.get("stream") else []
                 try:
-                    if slots is not None:  # a server with a fixed number of sequences: the rest wait
-                        async with slots:
+                    async with slots or contextlib.nullcontext():  # a fixed number of sequences: the rest wait
+                        if chunks:  # the first token comes when a sequence slot is free; the answer takes ``delay``
+                            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                         b"Transfer-Encoding: chunked\r\n\r\n" + _event(chunks[0]))
+                            await writer.drain()
+                        if delay:
                             await asyncio.sleep(delay)
-                    elif delay:
-                        await asyncio.sleep(delay)
-                    body = chat_body(model, json.loads(raw or b"{}"), num, answer_bytes)
+                        if chunks:
+                            writer.write(b"".join(_event(c) for c in [*chunks[1:], "[DONE]"]) + b"0\r\n\r\n")
+                            await writer.drain()
                 finally:
                     stats.inflight -= 1
+                if chunks:
+                    continue
                 code = 200
             elif path.endswith("/models"):
                 code, body = 200, {"object": "list", "data": [{"id": model, "object": "model", "max_model_len": 4096}]}

@@ -122,8 +122,12 @@ class GenerationConfig(Section):
     decode_tok_s: float = Field(10.0, gt=0, description=(
         "Slowest decode rate one sequence is expected to see at full concurrency, in tokens/s: sizes the derived "
         "request_timeout_s (measure it on the target's dashboard and set it for a faster or slower server)."))
+    stream: bool = Field(True, description=(
+        "Stream answers (server-sent events): the client then sees each answer's first token, and handoff_after_s "
+        "counts from it rather than from the time the request waited in the engine's queue."))
     handoff_after_s: float = Field(600.0, ge=0, description=(
-        "A request of a batch job still running after this many seconds is cancelled and its prompt handed to a "
+        "A request of a batch job still running this many seconds after its first token (streamed; unstreamed: "
+        "after it was sent) is cancelled and its prompt handed to a "
         "tail job of its own (stragglers run together, so one long answer does not hold a worker process and its "
         "job's finished slots); its partial answer is discarded. 0 = off. 600 s is 10x the mean latency of a "
         "2,048-token answer at ~35 tok/s per sequence, so only the far tail is cut (docs/generation.md)."))

@@ -193,8 +193,9 @@ class Demo:
 
         s = load_settings(self.config_file, {"target": {"url": self.url}, "redis": {"url": self.s.redis.url}})
         for pool, n in self.size.pools.items():
+            # file order: the tiny targets were trained on the first rows of their pools (target/tiny_mla.py)
             enqueue(s, str(self.prompts_dir() / pool), n, s.generation.batch_size,
-                    say=lambda m: self.say(f"  {m}"))
+                    say=lambda m: self.say(f"  {m}"), sample_seed=None)
         procs = ["--processes", str(self.size.workers)] if self.size.workers else []
         self.run_cmd("generate", ["worker", "--burst", *procs, "--metrics-port", "0"])
         from draftsmith.generation.progress import snapshot

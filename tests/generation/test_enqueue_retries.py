@@ -34,6 +34,8 @@ def test_job_retries_reach_rq(retries, tmp_path, redis_url, vllm_server):
         job = fetch_job(q.connection, jid)
         assert job.retries_left == (retries or None)
         assert (job.retry_intervals or []) == ([5, 30] if retries else [])
+        # unset in the config: the jobs carry the timeout derived from the lengths (1,024 tokens: the floor)
+        assert job.kwargs["settings"]["generation"]["request_timeout_s"] == 3600.0
 
 
 def q_client(url):

@@ -165,3 +165,23 @@ def test_unusable_sources_are_clear_errors(tmp_path):
     with pytest.raises(SourceError, match="unknown file type"):
         (tmp_path / "x.csv").write_text("a,b\n")
         extract_prompts(str(tmp_path / "x.csv"))
+
+
+def test_limit_draws_a_seeded_sample_over_the_whole_source(tmp_path):
+    """A mixture stored source by source (100 maths rows, then 100 code rows): the first 20 rows are all maths, a
+    sample of 20 holds both kinds, the same seed draws the same prompts, in source order."""
+    src = tmp_path / "mix.jsonl"
+    rows = [{"question": f"What is {i} + {i}?"} for i in range(100)] + \
+           [{"question": f"Write a Python function number {i}."} for i in range(100)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = extract_prompts(str(src), 20).prompts
+    assert [p.row for p in first] == list(range(20))
+    a = extract_prompts(str(src), 20, sample_seed=0)
+    assert a.rows_read == 200 and a.unique == 200 and len(a.prompts) == 20
+    rows_a = [p.row for p in a.prompts]
+    assert rows_a == sorted(rows_a) and len(set(rows_a)) == 20
+    code = sum(r >= 100 for r in rows_a)
+    assert 4 <= code <= 16, rows_a  # binomial(20, 1/2): outside [4, 16] has probability 0.003 (and the seed is fixed)
+    assert [p.id for p in extract_prompts(str(src), 20, sample_seed=0).prompts] == [p.id for p in a.prompts]
+    assert [p.row for p in extract_prompts(str(src), 20, sample_seed=1).prompts] != rows_a
+    assert len(extract_prompts(str(src), 500, sample_seed=0).prompts) == 200  # a limit above the source: all of it

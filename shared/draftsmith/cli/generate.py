@@ -13,7 +13,10 @@ from draftsmith.signals import keep
 def enqueue(
     source: str = typer.Option(None, "--source", "-s", help="JSONL/JSON/Parquet file, dataset folder or hub name. "
                                "Omit to re-enqueue the run's own prompts (resume)."),
-    limit: int = typer.Option(None, "--limit", "-n", min=1, help="Extract at most N unique prompts."),
+    limit: int = typer.Option(None, "--limit", "-n", min=1, help="Extract at most N unique prompts: a seeded "
+                              "sample over the whole source (--file-order: its first N)."),
+    sample_seed: int = typer.Option(0, "--sample-seed", help="Seed of the --limit sample."),
+    file_order: bool = typer.Option(False, "--file-order", help="--limit takes the first N in file order."),
     batch_size: int = setting_option("generation.batch_size", "--batch-size", "-b", min=1),
     run: str = typer.Option(None, "--run", help="Run name."),
     split: str = typer.Option("train", "--split", help="Dataset split for folders and hub names."),
@@ -28,7 +31,7 @@ def enqueue(
     s = settings(run=run, target={"url": url, "model": model},
                  generation={"batch_size": batch_size, "max_tokens": max_tokens})
     do_enqueue(s, source, limit, s.generation.batch_size, dry_run=dry_run, split=split,
-               say=lambda m: typer.echo(m, err=False))
+               say=lambda m: typer.echo(m, err=False), sample_seed=None if file_order else sample_seed)
 
 
 @app.command("self-prompts")

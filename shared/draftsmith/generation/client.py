@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import random
 import ssl
 import time
@@ -113,6 +114,52 @@ def parse_chat_response(body: dict[str, Any], latency_s: float) -> ChatResult:
     )
 
 
+def merge_stream_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat completion body that streamed ``chunks`` (``chat.completion.chunk`` objects, in order) add up to:
+    deltas of ``content`` and of ``reasoning``/``reasoning_content`` joined, ``token_ids`` (vLLM's
+    ``return_token_ids``) concatenated, the last ``finish_reason``, the ``usage`` of the final chunk
+    (``stream_options.include_usage``) and the ``prompt_token_ids`` of the first one. The result reads with
+    :func:`parse_chat_response` like a non-streamed body.
+
+    Raises:
+        ChatError: a chunk is an error object (the server failed mid-stream), classified by its ``code``.
+    """
+    content: list[str] = []
+    reasoning: list[str] = []
+    field: str | None = None
+    ids: list[int] | None = None
+    finish = model = None
+    usage: dict[str, Any] | None = None
+    prompt_ids = None
+    for c in chunks:
+        err = c.get("error") if isinstance(c.get("error"), dict) else (c if c.get("object") == "error" else None)
+        if err is not None:
+            code = err.get("code")
+            raise classify_status(code if isinstance(code, int) else 500, str(err.get("message") or err))
+        model = c.get("model") or model
+        usage = c.get("usage") or usage
+        if prompt_ids is None:
+            prompt_ids = c.get("prompt_token_ids")
+        for ch in c.get("choices") or []:
+            d = ch.get("delta") or {}
+            content.append(d.get("content") or "")
+            for name in ("reasoning", "reasoning_content"):
+                if d.get(name):
+                    reasoning.append(d[name])
+                    field = name
+            if ch.get("token_ids") is not None:
+                ids = (ids or []) + list(ch["token_ids"])
+            finish = ch.get("finish_reason") or finish
+    if not chunks:
+        return {}
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if field:
+        message[field] = "".join(reasoning)
+    return {"model": model or "", "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                                               "token_ids": ids}],
+            "usage": usage, "prompt_token_ids": prompt_ids}
+
+
 @functools.cache
 def tls_context() -> ssl.SSLContext:
     """The TLS context of every client of this process, built once (loading the CA bundle costs ~0.1-0.2 s, and a
@@ -156,13 +203,18 @@ class ChatClient:
         request_timeout_s / connect_timeout_s: client timeouts, in seconds (long generations need long ones).
         max_retries: retries of a transient error; backoff_s doubles per retry with +-50 % jitter.
         on_error: called with every :class:`ChatError` (retried ones too), for counting.
+        stream: stream each answer (server-sent events), so the client sees its first token: ``chat``'s
+            ``on_first_token`` runs then. The request timeout bounds the whole stream.
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, request_timeout_s: float = 3600,
                  connect_timeout_s: float = 10, max_retries: int = 5, backoff_s: float = 1.0,
-                 on_error: Callable[[ChatError], None] | None = None, max_connections: int = 256) -> None:
+                 on_error: Callable[[ChatError], None] | None = None, max_connections: int = 256,
+                 stream: bool = False) -> None:
         self.url = f"{base_url.rstrip('/')}/v1/chat/completions"
         self.model = model
+        self.stream = stream
+        self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.on_error = on_error or (lambda e: None)
@@ -182,21 +234,28 @@ class ChatClient:
 
     async def chat(self, messages: list[dict[str, str]], sampling: dict[str, Any],
                    before_attempt: Callable[[], Awaitable[None]] | None = None,
-                   after_attempt: Callable[[], Awaitable[None]] | None = None) -> ChatResult:
+                   after_attempt: Callable[[], Awaitable[None]] | None = None,
+                   on_first_token: Callable[[], None] | None = None) -> ChatResult:
         """Send one chat request, retrying transient errors.
 
-        ``before_attempt``/``after_attempt`` wrap every attempt (the shared in-flight cap uses them).
+        ``before_attempt``/``after_attempt`` wrap every attempt (the shared in-flight cap uses them);
+        ``on_first_token`` runs when an attempt's first chunk arrives (streaming only: the server sends it with the
+        answer's first token, after the request waited in the engine's queue and its prompt was read).
 
         Raises:
             ChatError: a permanent error, or a transient one after ``max_retries`` retries.
         """
         body = {"model": self.model, "messages": messages, **sampling}
+        if self.stream:
+            body.update(stream=True, stream_options={"include_usage": True})
         attempt = 0
         while True:
             if before_attempt:
                 await before_attempt()
             t0 = time.monotonic()
             try:
+                if self.stream:
+                    return await self._streamed(body, t0, on_first_token)
                 resp = await self._http.post(self.url, json=body)
                 latency = time.monotonic() - t0
                 if resp.status_code != 200:
@@ -220,3 +279,35 @@ class ChatClient:
             log.warning("retrying after %s (attempt %d/%d, %.1f s)", err.reason, attempt + 1, self.max_retries, delay)
             attempt += 1
             await asyncio.sleep(delay)
+
+    async def _streamed(self, body: dict[str, Any], t0: float, on_first_token: Callable[[], None] | None
+                        ) -> ChatResult:
+        """One streamed attempt: the server-sent events read to ``[DONE]`` (or the end), bounded as a whole by the
+        request timeout (httpx's read timeout bounds only the gap between two chunks).
+
+        Raises:
+            ChatError: an HTTP error status, a chunk that is not JSON or is an error object, a timeout.
+            httpx.HTTPError: the connection failed (classified by the caller).
+        """
+        chunks: list[dict[str, Any]] = []
+        try:
+            async with asyncio.timeout(self.request_timeout_s), self._http.stream("POST", self.url, json=body) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise classify_status(resp.status_code, resp.text)
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, SSE comments
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        chunks.append(json.loads(data))
+                    except ValueError as e:
+                        raise ChatError("invalid_response", f"stream chunk is not JSON: {data[:200]}") from e
+                    if len(chunks) == 1 and on_first_token:
+                        on_first_token()
+        except TimeoutError:
+            raise ChatError("timeout", f"no whole answer within request_timeout_s {self.request_timeout_s:g} s "
+                                       f"({len(chunks)} chunks read)") from None
+        return parse_chat_response(merge_stream_chunks(chunks), time.monotonic() - t0)

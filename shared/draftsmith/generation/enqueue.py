@@ -128,8 +128,12 @@ def warn_context(s: Settings, model: str, prompts: list[dict], say) -> int:
 
 
 def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int, dry_run: bool = False,
-            split: str = "train", say: Callable[[str], None] = print) -> EnqueueReport:
+            split: str = "train", say: Callable[[str], None] = print, sample_seed: int | None = 0) -> EnqueueReport:
     """Extract prompts from ``source`` into the run and enqueue what is pending.
+
+    ``limit`` prompts are a seeded sample over the whole source (``sample_seed``; the same seed draws the same
+    prompts, so enqueueing again adds none), or its first ``limit`` unique prompts in file order with
+    ``sample_seed`` None (:func:`~draftsmith.generation.sources.extract_prompts`).
 
     ``source`` None re-enqueues the run's existing ``prompts.jsonl`` (resume after a crash or a Redis flush).
     Generation keys the config leaves unset take the target's defaults first
@@ -155,7 +159,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         board = ProgressBoard(client, s.redis.prefix, paths.root)
         if not board.read().get("started_at"):
             board.set(phase="loading dataset")  # `status` shows it from the first second of the run
-    batch_prompts = _source_prompts(s, source, limit, split, existing, paths, report, say)
+    batch_prompts = _source_prompts(s, source, limit, split, existing, paths, report, say, sample_seed)
     if not dry_run:
         _tidy_records(paths, say)
     done = done_ids(paths.records)
@@ -194,7 +198,8 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
 
 
 def _source_prompts(s: Settings, source: str | None, limit: int | None, split: str, existing: dict[str, dict],
-                    paths: RunPaths, report: EnqueueReport, say: Callable[[str], None]) -> dict[str, dict]:
+                    paths: RunPaths, report: EnqueueReport, say: Callable[[str], None],
+                    sample_seed: int | None = 0) -> dict[str, dict]:
     """The prompts of this enqueue, by id: extracted from ``source`` (counted in ``report``), or the run's own
     ``prompts.jsonl`` when ``source`` is None (a resume)."""
     if not source:
@@ -202,10 +207,14 @@ def _source_prompts(s: Settings, source: str | None, limit: int | None, split: s
         say(f"Resuming {len(existing)} prompts from {paths.prompts}")
         return existing
     say(f"Loading dataset {source}...")
-    result = extract_prompts(source, limit, split, s.generation.system_prompt)
+    result = extract_prompts(source, limit, split, s.generation.system_prompt, sample_seed)
     report.extracted, report.duplicates = len(result.prompts), result.duplicates
     report.skipped_rows = dict(result.skipped)
     say(f"Extracted {report.extracted} unique questions")
+    if limit is not None and result.unique > limit:
+        say(f"  a seeded sample (seed {sample_seed}) of the source's {result.unique} unique questions; "
+            "--file-order takes the first ones" if sample_seed is not None else
+            f"  the first {limit} in file order, of more in the source")
     if result.skipped:
         say("Skipped rows: " + ", ".join(f"{k}={v}" for k, v in sorted(result.skipped.items())))
     report.new_prompts = len([p for p in result.prompts if p.id not in existing])

@@ -6,7 +6,8 @@ answers. Permanent errors (context length, other 4xx) become records with ``stat
 fail transiently after the client's retries are left out of the shard and the job raises at the end, so rq's
 Retry runs it again for those prompts only (the rest are on disk and skipped). A request of a batch job that runs
 longer than ``generation.handoff_after_s`` is cancelled and its prompt handed to the run's tail
-(:mod:`draftsmith.generation.tail`), so one long answer does not hold the job's process.
+(:mod:`draftsmith.generation.tail`), so one long answer does not hold the job's process; with streamed answers (the
+default) the bound counts from the answer's first token, not from the time the request waited in the engine.
 """
 
 from __future__ import annotations
@@ -77,14 +78,20 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: LeaseBroker, 
     record: dict[str, Any] = {"schema": RECORD_SCHEMA, "id": prompt["id"], "status": "ok", "error": None,
                               "model": client.model}
     token: list[str] = []
-    # the bound runs while an attempt holds a lease, so time spent waiting for a lease or backing off never counts
+    # the bound runs from the attempt's first token (streamed) or, unstreamed, from its lease: time spent waiting
+    # for a lease, backing off or (streamed) queued inside the engine never counts; at a concurrency above what the
+    # server's KV cache holds, most of a long answer's time before its first token is that queue
     bound = asyncio.timeout(None)
+
+    def start_bound() -> None:
+        if handoff_s:
+            bound.reschedule(asyncio.get_running_loop().time() + handoff_s)
 
     async def before() -> None:
         token.append(await cap.acquire())
         M.GEN_INFLIGHT.labels(run).inc()
-        if handoff_s:
-            bound.reschedule(asyncio.get_running_loop().time() + handoff_s)
+        if not client.stream:
+            start_bound()
 
     async def after() -> None:
         if handoff_s and not bound.expired():
@@ -95,7 +102,7 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: LeaseBroker, 
 
     try:
         async with bound:
-            return await _turns(prompt, client, board, s, run, before, after, record)
+            return await _turns(prompt, client, board, s, run, before, after, record, start_bound)
     except TimeoutError:
         if bound.expired():
             raise Straggler(prompt["id"]) from None
@@ -103,8 +110,9 @@ async def _answer(prompt: dict[str, Any], client: ChatClient, cap: LeaseBroker, 
 
 
 async def _turns(prompt: dict[str, Any], client: ChatClient, board: ProgressTally, s: Settings, run: str,
-                 before, after, record: dict[str, Any]) -> dict[str, Any] | None:
-    """The turns of :func:`_answer`, each request wrapped by ``before``/``after``; None on a transient failure."""
+                 before, after, record: dict[str, Any], first_token=None) -> dict[str, Any] | None:
+    """The turns of :func:`_answer`, each request wrapped by ``before``/``after`` (``first_token`` runs at each
+    streamed attempt's first chunk); None on a transient failure."""
     from draftsmith import metrics as M
 
     sampling = sampling_params(s)
@@ -123,7 +131,7 @@ async def _turns(prompt: dict[str, Any], client: ChatClient, board: ProgressTall
         # the conversation so far, without reasoning (servers drop it from history)
         history = [{"role": m["role"], "content": m["content"]} for m in messages]
         try:
-            res = await client.chat(history, {**sampling, **body_extra}, before, after)
+            res = await client.chat(history, {**sampling, **body_extra}, before, after, first_token)
         except ChatError as e:
             M.GEN_REQUESTS.labels(run, e.reason).inc()
             if e.transient:
@@ -222,7 +230,7 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
     api_key = secret_value(s.target.api_key) or os.environ.get(API_KEY_ENV)
     client = ChatClient(target_url, model, api_key=api_key,
                         request_timeout_s=g.request_timeout_s or derived_request_timeout_s(g.max_tokens, g.decode_tok_s), connect_timeout_s=g.connect_timeout_s,
-                        max_retries=g.max_retries, backoff_s=g.backoff_s, on_error=count_error)
+                        max_retries=g.max_retries, backoff_s=g.backoff_s, on_error=count_error, stream=g.stream)
     failed = 0
 
     async def one(p: dict[str, Any]) -> None:

@@ -53,6 +53,7 @@ class ExtractResult:
     skipped: Counter = field(default_factory=Counter)
     rows_read: int = 0
     duplicates: int = 0
+    unique: int = 0  # unique prompts seen (all of the source's when a limit is sampled)
 
 
 def prompt_id(messages: list[dict[str, str]]) -> str:
@@ -251,15 +252,24 @@ def load_rows(source: str, split: str = "train") -> tuple[list[Any], Counter]:
 
 
 def extract_prompts(source: str, limit: int | None = None, split: str = "train",
-                    system_prompt: str | None = None) -> ExtractResult:
-    """Extract up to ``limit`` unique prompts from ``source``, in source order.
+                    system_prompt: str | None = None, sample_seed: int | None = None) -> ExtractResult:
+    """Extract up to ``limit`` unique prompts from ``source``.
+
+    With ``sample_seed`` None the first ``limit`` unique prompts in source order are taken; with a seed, ``limit``
+    of all the source's unique prompts are drawn at random (reservoir sampling, the same seed gives the same
+    sample) and returned in source order. A mixture stored source by source then keeps its proportions, which
+    its first rows do not. ``rows_read`` and ``skipped`` count every row read (all of them when sampling).
 
     Raises:
         SourceError: the source cannot be read, or no row yields a usable prompt.
     """
+    import random
+
     rows, skipped = load_rows(source, split)
     result = ExtractResult(skipped=skipped)
     seen: set[str] = set()
+    rng = random.Random(sample_seed)
+    sampling = sample_seed is not None and limit is not None
     for i, row in enumerate(rows):
         result.rows_read += 1
         try:
@@ -272,9 +282,18 @@ def extract_prompts(source: str, limit: int | None = None, split: str = "train",
             result.duplicates += 1
             continue
         seen.add(pid)
-        result.prompts.append(Prompt(pid, msgs, str(source), i))
-        if limit is not None and len(result.prompts) >= limit:
+        prompt = Prompt(pid, msgs, str(source), i)
+        if sampling and len(result.prompts) >= limit:
+            j = rng.randrange(len(seen))  # Algorithm R: the k-th unique prompt stays with probability limit/k
+            if j < limit:
+                result.prompts[j] = prompt
+            continue
+        result.prompts.append(prompt)
+        if not sampling and limit is not None and len(result.prompts) >= limit:
             break
+    result.unique = len(seen)
+    if sampling:
+        result.prompts.sort(key=lambda p: p.row)
     if not result.prompts:
         reasons = ", ".join(f"{k}={v}" for k, v in result.skipped.items()) or "no rows"
         raise SourceError(
