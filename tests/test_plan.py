@@ -55,7 +55,8 @@ def plan(folder, tmp_path, *args, **env):
 
 LONG_REASONING = {"DRAFTSMITH_TARGET__TRUST_REMOTE_CODE": "true", "DRAFTSMITH_TARGET__MAX_MODEL_LEN": "65536",
                   "DRAFTSMITH_GENERATION__MAX_TOKENS": "32768", "DRAFTSMITH_DATA__MAX_LENGTH": "32768",
-                  "DRAFTSMITH_DATA__DRAFT_VOCAB_SIZE": "32000", "DRAFTSMITH_TRAIN__BATCH_TOKENS": "32768"}
+                  "DRAFTSMITH_DATA__DRAFT_VOCAB_SIZE": "32000", "DRAFTSMITH_TRAIN__BATCH_TOKENS": "32768",
+                  "DRAFTSMITH_GENERATION__CONCURRENCY": "20"}
 
 
 def test_kimi_k25_on_eight_96gb_gpus_plans_without_error(kimi, tmp_path):
@@ -71,6 +72,13 @@ def test_kimi_k25_on_eight_96gb_gpus_plans_without_error(kimi, tmp_path):
     # the drafter has Kimi's shapes: hidden 7168, MLP 18432, 64 heads of 128, draft vocabulary 32000
     line = next(x for x in out.splitlines() if x.startswith("drafter:"))
     assert "draft vocabulary 32000" in line
+    # what the trainer holds besides the training state: 163840 x 7168 float32 twice (the frozen embedding, the
+    # target's untied head) = 9.4 GB, and DDP's float32 gradient buckets (4 bytes per trained parameter)
+    assert "9.4 GB the frozen embedding and the target's output head in float32" in line
+    assert "19.1 GB of weights, gradients and AdamW" in line and "4.8 GB DDP gradient buckets" in line
+    # the KV cache: 576 x 61 x 2 bytes = 70.3 KB per token in the 12 GB per GPU the weights leave: ~20 sequences
+    kv = next(x for x in out.splitlines() if x.startswith("KV cache:"))
+    assert "70.3 KB per token" in kv and "20 sequences of 8300" in kv and "5 of 33068" in kv
 
 
 def in_process(folder, tmp_path, disk_free_gb=20000.0, answer_tokens=8000, **overrides):
@@ -98,7 +106,8 @@ def test_a_bad_folder_is_one_line_per_problem(kimi, tmp_path):
     cfg_only = tmp_path / "cfg"
     cfg_only.mkdir()
     (cfg_only / "config.json").write_text(json.dumps(KIMI_K25))
-    long = {"target": {"trust_remote_code": True, "max_model_len": 65536}, "generation": {"max_tokens": 32768},
+    long = {"target": {"trust_remote_code": True, "max_model_len": 65536},
+            "generation": {"max_tokens": 32768, "concurrency": 20},
             "data": {"max_length": 32768, "draft_vocab_size": 32000}, "train": {"batch_tokens": 32768}}
     problems = in_process(cfg_only, tmp_path, disk_free_gb=100, **long).problems
     assert len(problems) == 3, problems
@@ -106,3 +115,20 @@ def test_a_bad_folder_is_one_line_per_problem(kimi, tmp_path):
     assert "no weight index" in problems[1]
     assert "the features need 5236 GB, 100 GB are free" in problems[2]
     assert in_process(kimi, tmp_path, **long).problems == []
+
+
+def test_concurrency_over_what_the_kv_cache_holds_is_a_problem(kimi, tmp_path):
+    long = {"target": {"trust_remote_code": True, "max_model_len": 65536}, "generation": {"max_tokens": 32768},
+            "data": {"max_length": 32768, "draft_vocab_size": 32000}, "train": {"batch_tokens": 32768}}
+    problems = in_process(kimi, tmp_path, **long).problems  # generation.concurrency: its default 128
+    assert problems == ["generation.concurrency 128 is over the 20 sequences of 8300 tokens the KV cache holds: the "
+                        "engine queues the rest and preempts running ones when answers grow -> set "
+                        "DRAFTSMITH_GENERATION__CONCURRENCY=20 in .env (more GPUs per replica hold more)"]
+    # at 4 GPUs of 96 GB the weights do not fit at all; at 16 the room per GPU grows and so does the concurrency
+    from draftsmith.config import load_settings
+    from draftsmith.sizing import Host, Job, plan_job
+
+    s = load_settings(overrides={"runs_dir": str(tmp_path / "runs"), **long})
+    kv = next(x for x in plan_job(s, kimi, Host(16, 96.0, 1e6), Job(10000, 300, 8000)).lines
+              if x.startswith("KV cache:"))
+    assert "49.2 GB per GPU" in kv and "84 sequences of 8300" in kv, kv

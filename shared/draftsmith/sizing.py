@@ -26,6 +26,13 @@ TRAIN_BYTES_PER_PARAM = 16
 # bench/ttt_memory.py (docs/training.md), scaled by hidden size; bf16 autocast on a GPU roughly halves it.
 ACT_BYTES_PER_TOKEN_4096 = 1.37e6
 FEATURE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# The trainer also holds the target's token embedding (frozen, in the drafter) and its output head (the target's
+# distribution), both float32 (drafter/vocab.py load_target_head), and, under DDP, gradient buckets: a float32
+# copy of every trainable gradient (torch's DistributedDataParallel).
+FROZEN_BYTES_PER_PARAM = 4
+DDP_BYTES_PER_PARAM = 4
+# KV cache entries in bf16 (the engines' default for a bf16 or INT4-weight target)
+KV_BYTES = 2
 
 
 @dataclass
@@ -126,6 +133,7 @@ def plan_job(s: Settings, target: Path, host: Host, job: Job) -> JobPlan:
     _plan_code(s, target, prof, out)
     usable = _plan_gpus(target, host, out)
     _plan_context(s, job, out)
+    _plan_kv(s, target, text, host, usable, job, out)
     dcfg = _plan_drafter(s, target, host, vocab, usable, out)
     if dcfg is not None:
         _plan_features(s, host, job, dcfg.layer_ids, hidden, out)
@@ -185,6 +193,49 @@ def _plan_context(s: Settings, job: Job, out: JobPlan) -> None:
                             f"would be cut ({s.data.too_long}) -> set data.max_length to at least {sample}")
 
 
+def kv_bytes_per_token(text: dict, tp: int) -> tuple[int, str]:
+    """Bytes of KV cache one token takes on one GPU at tensor parallel ``tp``, and how it was counted. MLA
+    (DeepSeek-V3, Kimi-K2) caches one latent of ``kv_lora_rank + qk_rope_head_dim`` per layer, whole on every GPU
+    (vLLM and SGLang replicate it under tensor parallelism); other attention caches a key and a value per KV head,
+    the heads split over the GPUs."""
+    from draftsmith.drafter.config import is_mla
+
+    layers = int(text["num_hidden_layers"])
+    if is_mla(text):
+        width = int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)
+        return width * layers * KV_BYTES, f"MLA latent {width} x {layers} layers, on every GPU"
+    heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"]))
+    per_gpu = -(-heads // max(tp, 1))
+    return 2 * per_gpu * head_dim * layers * KV_BYTES, f"K and V of {per_gpu} of {heads} KV heads x {layers} layers"
+
+
+def _plan_kv(s: Settings, target: Path, text: dict, host: Host, usable: float, job: Job, out: JobPlan) -> None:
+    """How many sequences the KV cache holds at the planned lengths (what the GPUs keep after the weights), against
+    ``generation.concurrency``."""
+    wb = weights_bytes(target)
+    if not host.gpus or wb is None:
+        return
+    room = usable - wb / GB / host.gpus  # GB per GPU
+    per_token, how = kv_bytes_per_token(text, host.gpus)
+    tokens = max(room, 0.0) * GB / per_token
+    mean_len = job.prompt_tokens + job.answer_tokens
+    longest = job.prompt_tokens + s.generation.max_tokens
+    fits, fits_longest = int(tokens // mean_len), int(tokens // longest)
+    c = s.generation.concurrency
+    out.lines.append(f"KV cache: {per_token / 1e3:.1f} KB per token ({how}, bf16); {max(room, 0):.1f} GB per GPU hold "
+                     f"{int(tokens):,} tokens: {fits} sequences of {mean_len} (prompt + mean answer), {fits_longest} of "
+                     f"{longest} (prompt + generation.max_tokens); generation.concurrency {c}")
+    if fits_longest < 1:
+        out.problems.append(f"one request of {longest} tokens (prompt + generation.max_tokens) does not fit the KV "
+                            f"cache ({int(tokens):,} tokens per GPU) -> more GPUs, or a lower generation.max_tokens")
+    elif c > fits:
+        out.problems.append(f"generation.concurrency {c} is over the {fits} sequences of {mean_len} tokens the KV cache "
+                            "holds: the engine queues the rest and preempts running ones when answers grow -> set "
+                            f"DRAFTSMITH_GENERATION__CONCURRENCY={max(fits, 1)} in .env (more GPUs per replica hold "
+                            "more)")
+
+
 def _plan_drafter(s: Settings, target: Path, host: Host, vocab: int, usable: float, out: JobPlan):
     """The drafter's size and training memory (one drafter per GPU): the longest micro-batch that fits; returns
     its config, or None when none can be derived (a problem line says why)."""
@@ -199,12 +250,23 @@ def _plan_drafter(s: Settings, target: Path, host: Host, vocab: int, usable: flo
         out.problems.append(str(e))
         return None
     total, trainable = drafter_parameters(dcfg)
-    fixed = trainable * TRAIN_BYTES_PER_PARAM / GB
+    from draftsmith.target.checkpoint import read_target_config
+
+    cfg = read_target_config(target)
+    tied = bool(cfg.get("tie_word_embeddings", (cfg.get("text_config") or {}).get("tie_word_embeddings", False)))
+    state = trainable * TRAIN_BYTES_PER_PARAM / GB
+    # the frozen embedding is in the drafter (total - trainable); the target's head is its own tensor unless tied
+    frozen = ((total - trainable) + (0 if tied else vocab * dcfg.target_hidden_size)) * FROZEN_BYTES_PER_PARAM / GB
+    ddp = trainable * DDP_BYTES_PER_PARAM / GB if host.gpus > 1 and s.train.parallel == "ddp" else 0.0
+    fixed = state + frozen + ddp
     act = ACT_BYTES_PER_TOKEN_4096 * dcfg.hidden_size / 4096 / (2 if host.gpus else 1) / GB  # bf16 on a GPU
     fits = int((usable - fixed) / act) if usable > fixed else 0
     out.lines.append(f"drafter: {total / 1e9:.2f} B parameters ({trainable / 1e9:.2f} B trained), draft vocabulary "
-                     f"{n_draft}; {fixed:.1f} GB of weights, gradients and AdamW per GPU; about {act * 1e3:.2f} MB "
-                     f"per token: the longest micro-batch on one GPU is about {fits} tokens")
+                     f"{n_draft}; {fixed:.1f} GB per GPU before activations: {state:.1f} GB of weights, gradients "
+                     f"and AdamW, {frozen:.1f} GB the frozen embedding and the target's output head"
+                     f"{' (tied)' if tied else ''} in float32" + (f", {ddp:.1f} GB DDP gradient buckets" if ddp else "")
+                     + f"; about {act * 1e3:.2f} MB per token: the longest micro-batch on one GPU is about {fits} "
+                     "tokens")
     if host.gpus and fits < s.data.max_length:
         out.problems.append(f"a {s.data.max_length}-token sample (data.max_length) does not fit one GPU (about "
                             f"{fits} tokens do) -> lower data.max_length, or a GPU with more memory")
