@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftsmith.artifacts.data import STATS_FILE
 from draftsmith.log import get_logger
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def apply_data_defaults(s: Settings, folder: Path | str) -> list[str]:
         if why:
             s.data.truncated_answers = "drop"
             lines.append(f"data.truncated_answers=drop (a reasoning target: {why}; cut answers are dropped and "
-                         "counted in stats.json dropped_by_reason)")
+                         f"counted in {STATS_FILE} dropped_by_reason)")
     for line in lines:
         log.info("default %s", line)
     return lines
