@@ -94,3 +94,44 @@ def test_cut_answers_of_a_reasoning_target_are_dropped_unless_set(tmp_path, embe
     monkeypatch.setenv("DRAFTSMITH_DATA__TRUNCATED_ANSWERS", "keep")
     s = load_settings(None, {})
     assert apply_data_defaults(s, qwen) == [] and s.data.truncated_answers == "keep"
+
+
+def test_build_data_drops_and_counts_the_cut_answers_of_a_reasoning_target(tmp_path, monkeypatch):
+    """The real CLI on the tiny DeepSeek-V3 target (its template writes <think>; random weights, only its tokenizer
+    is used): of 4 records, the one cut by max_tokens inside its reasoning is dropped and counted, with nothing set."""
+    import os
+    from pathlib import Path
+
+    from draftsmith.cli import app
+    from draftsmith.generation.store import write_shard
+    from draftsmith.target.tiny_mla import TINY_MLA_NAME, gsm8k_examples, make_tiny_mla
+    from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    prompts = Path(__file__).resolve().parents[2] / "data" / "prompts"
+    target = make_tiny_mla(tmp_path / "cache", prompts, steps=0)
+    tok = AutoTokenizer.from_pretrained(target)
+    records = []
+    for i, (q, r, a) in enumerate(gsm8k_examples(prompts, 4, reasoning_steps=None)):
+        cut = i == 3
+        ids = tok(r + "</think>" + a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        if cut:  # the answer ended by max_tokens inside the reasoning
+            ids = tok(r, add_special_tokens=False)["input_ids"][:8]
+        assistant = {"role": "assistant", "content": "" if cut else a,
+                     "reasoning": tok.decode(ids) if cut else r}
+        records.append({
+            "schema": "draftsmith.record/1", "id": f"p{i:03d}", "status": "ok", "error": None, "model": TINY_MLA_NAME,
+            "messages": [{"role": "user", "content": q}, assistant],
+            "turns": [{"finish_reason": "length" if cut else "stop", "usage": {"completion_tokens": len(ids)},
+                       "token_ids": ids, "reasoning_field": "reasoning", "latency_s": 0.0}],
+            "sampling": {"temperature": 0.0}, "job_id": "j0", "created_at": "2026-12-06T00:00:00Z",
+        })
+    runs = tmp_path / "runs"
+    write_shard(runs / "r" / "records", "j0", records)
+    for k in [k for k in os.environ if k.startswith("DRAFTSMITH_")]:
+        monkeypatch.delenv(k)
+    res = CliRunner().invoke(app, ["build-data", "--run", "r", "--check"], env={
+        "DRAFTSMITH_RUNS_DIR": str(runs), "DRAFTSMITH_TARGET__PATH": str(target), "DRAFTSMITH_DATA__MAX_DROP_RATE": "0.5"})
+    assert res.exit_code == 0, res.output
+    assert "Default data.truncated_answers=drop (a reasoning target: its chat template writes <think>" in res.output
+    assert "3 turns token-exact of 4 records" in res.output and "dropped 1 {'truncated_answer': 1}" in res.output
