@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 import redis
-from draftsmith.config import load_settings
+from draftsmith.config import GenerationConfig, load_settings
 from draftsmith.generation.client import ChatClient
 from draftsmith.generation.enqueue import enqueue
 from draftsmith.generation.jobs import sampling_params
@@ -56,7 +56,7 @@ def settings(work: Path, url: str, redis_url: str):
 
 async def bare(url: str, prompts, body: dict) -> tuple[int, float, float]:
     """Send every prompt at CONCURRENCY; (completion tokens, wall s, this process's CPU s)."""
-    client = ChatClient(url, MODEL)
+    client = ChatClient(url, MODEL, stream=GenerationConfig().stream)  # the transport the pool's jobs use
     sem = asyncio.Semaphore(CONCURRENCY)
 
     async def one(p):

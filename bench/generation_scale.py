@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 import redis
-from draftsmith.config import load_settings
+from draftsmith.config import GenerationConfig, load_settings
 from draftsmith.generation.client import ChatClient
 from draftsmith.generation.enqueue import enqueue
 from draftsmith.generation.store import done_ids
@@ -89,7 +89,7 @@ def stop(p: subprocess.Popen | None) -> None:
 
 async def bare_client(url: str, msgs: list, concurrency: int) -> None:
     """Every request of ``msgs`` through one ChatClient, ``concurrency`` at a time."""
-    client = ChatClient(url, "stub", max_connections=concurrency)
+    client = ChatClient(url, "stub", max_connections=concurrency, stream=GenerationConfig().stream)  # as the pool
     sem = asyncio.Semaphore(concurrency)
 
     async def one(m):
