@@ -115,7 +115,7 @@ def apply_generation_defaults(s: Settings, folder: Path | str | None) -> list[st
                      f"at generation.decode_tok_s {g.decode_tok_s:g} tok/s, x{TIMEOUT_MARGIN:g}, at least "
                      f"{TIMEOUT_FLOOR_S:.0f} s)")
     for line in lines:
-        log.info("default %s", line)
+        log.debug("default %s", line)  # the callers print each line (enqueue, build-data)
     return lines
 
 
@@ -131,7 +131,7 @@ def apply_data_defaults(s: Settings, folder: Path | str) -> list[str]:
             lines.append(f"data.truncated_answers=drop (a reasoning target: {why}; cut answers are dropped and "
                          f"counted in {STATS_FILE} dropped_by_reason)")
     for line in lines:
-        log.info("default %s", line)
+        log.debug("default %s", line)  # the callers print each line (enqueue, build-data)
     return lines
 
 
