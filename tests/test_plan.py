@@ -123,8 +123,8 @@ def test_concurrency_over_what_the_kv_cache_holds_is_a_problem(kimi, tmp_path):
     problems = in_process(kimi, tmp_path, **long).problems  # generation.concurrency: its default 128
     assert problems == ["generation.concurrency 128 is over the 20 sequences of 8300 tokens the KV cache holds: the "
                         "engine queues the rest and preempts running ones when answers grow -> set "
-                        "DRAFTSMITH_GENERATION__CONCURRENCY=20 in .env (more GPUs per replica hold more)"]
-    # at 4 GPUs of 96 GB the weights do not fit at all; at 16 the room per GPU grows and so does the concurrency
+                        "GENERATOR_CONCURRENCY=20 in .env (generation.concurrency; more GPUs per replica hold more)"]
+    # at 16 GPUs the weights leave more room per GPU, and the concurrency that fits grows with it
     from draftsmith.config import load_settings
     from draftsmith.sizing import Host, Job, plan_job
 

@@ -232,8 +232,8 @@ def _plan_kv(s: Settings, target: Path, text: dict, host: Host, usable: float, j
     elif c > fits:
         out.problems.append(f"generation.concurrency {c} is over the {fits} sequences of {mean_len} tokens the KV cache "
                             "holds: the engine queues the rest and preempts running ones when answers grow -> set "
-                            f"DRAFTSMITH_GENERATION__CONCURRENCY={max(fits, 1)} in .env (more GPUs per replica hold "
-                            "more)")
+                            f"GENERATOR_CONCURRENCY={max(fits, 1)} in .env (generation.concurrency; more GPUs per "
+                            "replica hold more)")
 
 
 def _plan_drafter(s: Settings, target: Path, host: Host, vocab: int, usable: float, out: JobPlan):
