@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from draftsmith.generation.client import ChatClient, merge_stream_chunks, parse_chat_response
+from draftsmith.generation.client import ChatClient, ChatError, merge_stream_chunks, parse_chat_response
 from draftsmith.generation.jobs import Straggler, _answer
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
@@ -60,6 +60,46 @@ def test_real_vllm_stream_adds_up_to_its_unstreamed_answer():
     assert r.content == whole.content and r.token_ids == whole.token_ids and len(r.token_ids) > 4
     assert r.prompt_token_ids == whole.prompt_token_ids
     assert r.finish_reason == whole.finish_reason and r.usage == whole.usage
-    with pytest.raises(Exception) as e:  # an error object mid-stream is a classified error, not a short answer
+    with pytest.raises(ChatError) as e:  # an error object mid-stream is a classified error, not a short answer
         merge_stream_chunks([*chunks[:2], {"error": {"message": "engine died", "code": 500}}])
-    assert getattr(e.value, "reason", None) == "http_5xx"
+    assert e.value.reason == "http_5xx" and e.value.transient
+
+
+def test_a_stream_cut_before_its_finish_reason_is_transient_not_a_short_answer(tmp_path):
+    """A stub that sends the recorded first chunks of vLLM's stream and then ``[DONE]`` (a proxy that ended the
+    stream early): the client retries, and then gives up with ``invalid_response``, never a record."""
+    import socket
+    import threading
+
+    chunks = (FIX / "vllm_200_chat_stream.jsonl").read_text().splitlines()[:3]
+    body = "".join(f"data: {c}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def serve() -> None:
+        for _ in range(2):  # the attempt and its one retry
+            conn, _addr = srv.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {len(body)}\r\n"
+                             f"Connection: close\r\n\r\n{body}".encode())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    errors: list[ChatError] = []
+
+    async def ask():
+        c = ChatClient(f"http://127.0.0.1:{port}", "m", stream=True, max_retries=1, backoff_s=0.01,
+                       on_error=errors.append)
+        try:
+            return await c.chat([{"role": "user", "content": "hi"}], {"max_tokens": 24})
+        finally:
+            await c.aclose()
+
+    try:
+        with pytest.raises(ChatError) as e:
+            asyncio.run(ask())
+    finally:
+        t.join(10)
+        srv.close()
+    assert e.value.reason == "invalid_response" and [x.reason for x in errors] == ["invalid_response"] * 2

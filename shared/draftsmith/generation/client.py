@@ -148,7 +148,8 @@ def merge_stream_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
                     reasoning.append(d[name])
                     field = name
             if ch.get("token_ids") is not None:
-                ids = (ids or []) + list(ch["token_ids"])
+                ids = ids if ids is not None else []
+                ids.extend(ch["token_ids"])  # one token a chunk: extended in place, never copied
             finish = ch.get("finish_reason") or finish
     if not chunks:
         return {}
@@ -310,4 +311,7 @@ class ChatClient:
         except TimeoutError:
             raise ChatError("timeout", f"no whole answer within request_timeout_s {self.request_timeout_s:g} s "
                                        f"({len(chunks)} chunks read)") from None
-        return parse_chat_response(merge_stream_chunks(chunks), time.monotonic() - t0)
+        body = merge_stream_chunks(chunks)
+        if not body or not body["choices"][0]["finish_reason"]:  # a cut stream is not a short answer
+            raise ChatError("invalid_response", f"the stream ended before the answer did ({len(chunks)} chunks)")
+        return parse_chat_response(body, time.monotonic() - t0)
