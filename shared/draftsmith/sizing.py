@@ -9,13 +9,13 @@ bytes. The arithmetic and its sources are in docs/targets.md ("Planning a job").
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.config import Settings
+from draftsmith.target.checkpoint import weights_bytes
 
 GB = 1e9
 # Share of a GPU's memory a stage may plan for (the engines' own default utilisation is 0.9).
@@ -72,20 +72,6 @@ class JobPlan:
 
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-
-
-def weights_bytes(folder: Path) -> int | None:
-    """Bytes of the target's weights: the weight index's ``metadata.total_size``, else the ``*.safetensors``
-    files' sizes, else None."""
-    from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
-
-    index = folder / WEIGHTS_INDEX_FILE
-    if index.is_file():
-        total = (json.loads(index.read_text()).get("metadata") or {}).get("total_size")
-        if total:
-            return int(total)
-    files = list(folder.glob("*.safetensors"))
-    return sum(f.stat().st_size for f in files) if files else None
 
 
 def drafter_parameters(cfg) -> tuple[int, int]:

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import typer
 
-from draftsmith.artifacts.staging import staged
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.generation.store import pull_records
 from draftsmith.signals import keep
+from draftsmith.staging import staged
 
 
 def _tokenizer_path(s) -> Path:
@@ -34,7 +35,7 @@ def build_data_cmd(
     from draftsmith.paths import RunPaths
 
     s = settings(run=run, data={"max_length": max_length, "draft_vocab_size": draft_vocab_size})
-    with staged(s, ("records",), () if check else ("data", "config.yaml", "status")) as s:
+    with staged(s, (), () if check else ("data", "config.yaml", "status"), fetch=pull_records) as s:
         paths = RunPaths(s.runs_dir, s.run)
         keep(f"the records in {paths.records}; the training data is built again from them")
         tok_path = _tokenizer_path(s)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from draftsmith.artifacts.staging import staged
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
 from draftsmith.signals import keep
+from draftsmith.staging import staged
 
 
 @app.command("eval")

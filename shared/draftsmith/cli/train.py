@@ -45,7 +45,7 @@ def train_cmd(
                                  "resume": False if no_resume else None})
     import os
 
-    from draftsmith.artifacts.staging import pusher, staged
+    from draftsmith.staging import pusher, staged
 
     remote = s
     # every rank reads the run; only the main rank (the one that saves checkpoints) writes it back
@@ -104,7 +104,7 @@ def export_cmd(
 ) -> None:
     """Write runs/<run>/export/<layout>/ for vLLM and SGLang."""
     s = settings(run=run, export={"format": fmt})
-    from draftsmith.artifacts.staging import staged
+    from draftsmith.staging import staged
 
     # the latest checkpoint comes down, or the one named (a folder name; a local path needs nothing pulled)
     named = (f"checkpoints/{checkpoint}",) if checkpoint and "/" not in checkpoint else ()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
 from draftsmith.errors import ModelError
 
 if TYPE_CHECKING:
@@ -75,6 +76,19 @@ def read_target_config(folder: Path | str, text: bool = False) -> dict[str, Any]
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot read the target config {f}: {e}", "set target.path to a checkpoint folder") from e
     return cfg.get("text_config", cfg) if text else cfg
+
+
+def weights_bytes(folder: Path) -> int | None:
+    """Bytes of the target's weights in checkpoint ``folder``: the weight index's ``metadata.total_size``, else the
+    ``*.safetensors`` files' sizes, else None (no weights there). Read by the planner and by extraction's free-memory
+    check; no weights are loaded."""
+    index = folder / WEIGHTS_INDEX_FILE
+    if index.is_file():
+        total = (json.loads(index.read_text()).get("metadata") or {}).get("total_size")
+        if total:
+            return int(total)
+    files = list(folder.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) if files else None
 
 
 def final_norm_key(names: Sequence[str]) -> str | None:
