@@ -33,7 +33,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from draftsmith.artifacts.location import describe_store_error, is_remote, run_key, run_location
+from draftsmith.artifacts import data as data_artifact
+from draftsmith.artifacts import features as features_artifact
+from draftsmith.artifacts import records as records_artifact
+from draftsmith.artifacts.checkpoints import LATEST_FILE, STATE_FILE, read_latest
+from draftsmith.artifacts.location import describe_store_error, is_remote, list_names, run_key, run_location
 from draftsmith.log import get_logger
 
 log = get_logger("draftsmith.staging")
@@ -42,7 +46,8 @@ FEATURES = "features"
 CHECKPOINTS = "checkpoints"
 STATUS = "status"
 # rewritten in place by the stages (a new version may have the old one's size): pushed every time
-REPLACED = frozenset({"latest.json", "manifest.json", "config.yaml"})
+REPLACED = frozenset({LATEST_FILE, data_artifact.MANIFEST_FILE, features_artifact.MANIFEST_FILE,
+                      records_artifact.MANIFEST_FILE, "config.yaml"})
 
 
 def local_root(stage_dir: Path, run_root: Any) -> Path:
@@ -72,8 +77,6 @@ def _remote_files(root: Any, folder: str) -> dict[str, int]:
 def _pull_latest_checkpoint(root: Any, local: Path) -> int:
     """``checkpoints/latest.json`` and the one folder it names: a resume and an export need no other (an older
     checkpoint is pulled by naming its folder, ``checkpoints/step-XXXXXXXX``). Returns the files copied."""
-    from draftsmith.artifacts.checkpoints import LATEST_FILE, read_latest
-
     n = pull(root, local, (f"{CHECKPOINTS}/{LATEST_FILE}",))
     name = read_latest(local / CHECKPOINTS) if (root / CHECKPOINTS / LATEST_FILE).exists() else None
     return n + (pull(root, local, (f"{CHECKPOINTS}/{name}",)) if name else 0)
@@ -87,9 +90,6 @@ def prune_checkpoints(root: Any, keep: int) -> list[str]:
     Raises:
         StorageError: the store failed.
     """
-    from draftsmith.artifacts.checkpoints import STATE_FILE
-    from draftsmith.artifacts.location import describe_store_error, list_names
-
     folder = root / CHECKPOINTS
     names = [n for n in list_names(folder, "") if n.startswith("step-")]
     complete = [n for n in names if (folder / n / STATE_FILE).exists()]
@@ -135,9 +135,8 @@ def pull(root: Any, local: Path, parts: Sequence[str]) -> int:
             tmp.replace(dst)
             n += 1
         if part == FEATURES:
-            from draftsmith.artifacts.features import rebuild_from_sidecars
-
-            rebuild_from_sidecars(local / FEATURES)  # the store's manifest may predate a shard another host finished
+            # the store's manifest may predate a shard another host finished
+            features_artifact.rebuild_from_sidecars(local / FEATURES)
     return n
 
 
