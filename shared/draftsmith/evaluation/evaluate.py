@@ -190,6 +190,9 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     drafter = drafter_dir(s, paths)
     info: DrafterInfo = check_drafter_fits(target, drafter)
     check_engine_reads_layout(s.eval.engine, info)
+    if info.code_version is None:
+        log.warning("the drafter %s records no code_version (a peer's export, or an older draftsmith's); the report "
+                    "cannot say which build made it", drafter)
     sets = [load_set(x, s.eval.limit, s.eval.sets_dir) for x in s.eval.sets]
     log.info("drafter %s fits %s (hidden %d, draft vocab %d, layers %s); %d sets, %d prompts",
              drafter, target.name, info.hidden_size, info.draft_vocab_size, list(info.layer_ids), len(sets),
@@ -205,6 +208,6 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     off = offline_estimate(target, drafter, sets, s.eval.k, s.eval.max_tokens,
                            s.target.trust_remote_code) if offline else None
     report = build_report(s.run, s.eval.engine, s.eval.k, s.eval.temperature, results, str(target), str(drafter),
-                          off, s.model_dump(mode="json"))
+                          off, s.model_dump(mode="json"), info.code_version)
     out = Path(s.eval.out) if s.eval.out else paths.eval
     return write_reports(report, out, s.eval.pushgateway_url)
