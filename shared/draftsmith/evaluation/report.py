@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.provenance import stamp
 from draftsmith.artifacts.report import REPORT_SCHEMA, report_paths
 from draftsmith.artifacts.storage import atomic_write_bytes, atomic_write_text
 from draftsmith.evaluation.runner import SetMeasure
@@ -79,8 +80,6 @@ def build_report(run: str, engine: str, k: int, temperature: float, results: lis
     """The whole ``report.json`` document (schema ``draftsmith.eval-report/1``), stamped with the code version and
     the config's hash (:mod:`draftsmith.artifacts.provenance`); ``drafter_code_version`` is the one the drafter's
     export records (None: it records none)."""
-    from draftsmith.artifacts.provenance import stamp
-
     return stamp({
         "schema": REPORT_SCHEMA,
         "run": run,

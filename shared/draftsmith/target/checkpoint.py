@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
 from draftsmith.errors import ModelError
+from draftsmith.target.embedded import embedded_dir, is_prepared, prepare_embedded
 
 if TYPE_CHECKING:
     import torch
@@ -33,8 +34,6 @@ def target_checkpoint(s: Settings, prepare: bool = False) -> Path:
         ModelError: ``target.path`` has no ``config.json``, or the embedded default is not prepared (and
             ``prepare`` is False).
     """
-    from draftsmith.target.embedded import embedded_dir, is_prepared, prepare_embedded
-
     if s.target.path:
         p = Path(s.target.path).expanduser()
         if not target_config_path(p).is_file():
@@ -111,8 +110,6 @@ def load_final_norm(target_dir: Path) -> torch.Tensor:
     import json
 
     from safetensors import safe_open
-
-    from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
 
     target_dir = Path(target_dir)
     index = target_dir / WEIGHTS_INDEX_FILE
