@@ -96,8 +96,8 @@ def through_queue_s3(runs: Path, target: Path, redis_url: str, batch_tokens: int
     """:func:`through_queue` with the run on the object store at ``url`` (its data pushed first, untimed): the worker
     pulls each data shard into its own working copy and pushes each feature shard (features/on_store.py)."""
     from draftsmith.artifacts.location import run_location
-    from draftsmith.artifacts.staging import push
     from draftsmith.features.on_store import done_shards
+    from draftsmith.staging import push
 
     s = settings_for(runs, target, redis_url, batch_tokens)
     plan = make_plan(s, runs / "b")

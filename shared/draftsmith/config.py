@@ -94,7 +94,7 @@ class Settings(BaseSettings):
     run: str = Field("default", description="Run name: everything lands under <runs_dir>/<run>/.")
     stage_dir: Path = Field(
         Path("~/.cache/draftsmith/stage"), description="Local working copies of runs on an object store: the "
-        "stages after generation compute here and push their results to the store (artifacts/staging.py).")
+        "stages after generation compute here and push their results to the store (draftsmith/staging.py).")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     prompts_dir: Path = Field(
         Path("data/prompts"), description="Folder of the bundled prompt pools that `demo` enqueues and `target "

@@ -9,13 +9,19 @@ bytes. The arithmetic and its sources are in docs/targets.md ("Planning a job").
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
+from draftsmith.artifacts.location import is_remote
 from draftsmith.config import Settings
+from draftsmith.data.render import tokenizer_files
+from draftsmith.drafter.config import derive_config, is_mla
+from draftsmith.errors import DraftsmithError
+from draftsmith.target.checkpoint import read_target_config, target_config_path, weights_bytes
+from draftsmith.target.profile import target_profile
 
 GB = 1e9
 # Share of a GPU's memory a stage may plan for (the engines' own default utilisation is 0.9).
@@ -54,7 +60,6 @@ def detect_host(runs_dir: Path) -> Host:
         gpus, mem = len(out), min(float(x) for x in out) / 1024 if out else 0.0  # MiB -> GiB, the smallest GPU
     except (OSError, subprocess.SubprocessError, ValueError):
         pass
-    from draftsmith.artifacts.location import is_remote
 
     if is_remote(runs_dir):  # an object store: no local disk to fill
         return Host(gpus, mem, float("inf"))
@@ -81,20 +86,6 @@ class JobPlan:
     problems: list[str] = field(default_factory=list)
 
 
-def weights_bytes(folder: Path) -> int | None:
-    """Bytes of the target's weights: the weight index's ``metadata.total_size``, else the ``*.safetensors``
-    files' sizes, else None."""
-    from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
-
-    index = folder / WEIGHTS_INDEX_FILE
-    if index.is_file():
-        total = (json.loads(index.read_text()).get("metadata") or {}).get("total_size")
-        if total:
-            return int(total)
-    files = list(folder.glob("*.safetensors"))
-    return sum(f.stat().st_size for f in files) if files else None
-
-
 def drafter_parameters(cfg) -> tuple[int, int]:
     """``(all, trainable)`` parameters of the drafter ``cfg`` describes, counted on the meta device (no memory);
     the embedding is the target's and frozen."""
@@ -116,10 +107,6 @@ def plan_job(s: Settings, target: Path, host: Host, job: Job) -> JobPlan:
     Returns:
         A :class:`JobPlan`; an empty ``problems`` means nothing found would stop the job.
     """
-    from draftsmith.drafter.config import is_mla
-    from draftsmith.target.checkpoint import read_target_config, target_config_path
-    from draftsmith.target.profile import target_profile
-
     out = JobPlan()
     if not target_config_path(target).is_file():
         out.problems.append(f"{target} has no {target_config_path(target).name} -> point target.path at the "
@@ -142,8 +129,6 @@ def plan_job(s: Settings, target: Path, host: Host, job: Job) -> JobPlan:
 
 def _plan_code(s: Settings, target: Path, prof, out: JobPlan) -> None:
     """The tokenizer files, the target's own code, each engine's flags."""
-    from draftsmith.data.render import tokenizer_files
-
     if not tokenizer_files(target) and not (target / "tokenizer_config.json").is_file():
         out.problems.append(f"{target} has no tokenizer files (tokenizer.json, tiktoken.model, ...) -> download the "
                             "whole checkpoint folder")
@@ -163,8 +148,6 @@ def _plan_gpus(target: Path, host: Host, out: JobPlan) -> float:
         out.problems.append("no GPU found (nvidia-smi) -> run on the GPU host, or pass --gpus and --gpu-memory-gb to "
                             "plan for it")
     if wb is None:
-        from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
-
         out.problems.append(f"{target} has no weight index ({WEIGHTS_INDEX_FILE}) and no *.safetensors -> download "
                             "the weights")
     elif host.gpus:
@@ -239,9 +222,6 @@ def _plan_kv(s: Settings, target: Path, text: dict, host: Host, usable: float, j
 def _plan_drafter(s: Settings, target: Path, host: Host, vocab: int, usable: float, out: JobPlan):
     """The drafter's size and training memory (one drafter per GPU): the longest micro-batch that fits; returns
     its config, or None when none can be derived (a problem line says why)."""
-    from draftsmith.drafter.config import derive_config
-    from draftsmith.errors import DraftsmithError
-
     n_draft = s.train.draft_vocab_size or s.data.draft_vocab_size
     try:
         dcfg = derive_config(target, min(n_draft, vocab), s.train.layer_ids or s.extract.layers,

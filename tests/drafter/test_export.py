@@ -54,6 +54,19 @@ def test_configs_copy_every_engine_field(exported, embedded_target):
     assert e["draft_vocab_size"] == sp["draft_vocab_size"] == 2048
 
 
+def test_both_layouts_record_the_code_version_that_eval_reads_back(exported, embedded_target):
+    """The export is an artifact like the others: its config says which build wrote it, and the evaluator's
+    drafter check reads that back from either layout."""
+    from draftsmith.artifacts.provenance import code_version
+    from draftsmith.evaluation.checks import check_drafter_fits
+
+    _, out = exported
+    for layout in ("eagle3", "speculators"):
+        cfg = json.loads((out / layout / "config.json").read_text())
+        assert cfg["code_version"] == code_version() and cfg["code_version"].startswith("draftsmith "), layout
+        assert check_drafter_fits(embedded_target, out / layout).code_version == code_version(), layout
+
+
 def test_vllm_reads_the_configs_as_trained(exported):
     """vLLM's own config readers (no server): the speculators reader must not fall back to
     norm_before_residual=true, and the architecture must resolve to vLLM's EAGLE-3 Llama drafter."""

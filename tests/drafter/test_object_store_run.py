@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 from draftsmith.artifacts.location import run_location
-from draftsmith.artifacts.staging import pull, push
 from draftsmith.drafter.trainer import Trainer
+from draftsmith.staging import pull, push
 from safetensors.torch import load, load_file
 
 TRAIN = dict(batch_size=4, batch_tokens=640, eval_fraction=0.15, log_every=2,

@@ -18,6 +18,30 @@ def test_fitting_drafter_passes(random_drafter, embedded_target):
     assert info.draft_vocab_size == 4096 and info.layer_ids == (1, 14, 26)
 
 
+def test_the_drafter_code_version_is_read_from_its_config(random_drafter, embedded_target):
+    """A peer's export (the recorded random drafter has no ``code_version``) reads as None; a recorded one as is."""
+    assert check_drafter_fits(embedded_target, random_drafter).code_version is None
+    cfg = random_drafter / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "code_version": "draftsmith 0.1.0 (git abc1234)"}))
+    assert check_drafter_fits(embedded_target, random_drafter).code_version == "draftsmith 0.1.0 (git abc1234)"
+
+
+def test_eval_warns_before_any_engine_when_the_export_records_no_code_version(random_drafter, embedded_target,
+                                                                           tmp_path, caplog):
+    """The warning comes with the drafter checks; an unknown set then stops the run before an engine starts."""
+    from draftsmith.config import load_settings
+    from draftsmith.errors import DataError
+    from draftsmith.evaluation.evaluate import run_evaluation
+
+    s = load_settings(None, {"runs_dir": str(tmp_path / "runs"), "run": "x", "target": {"path": str(embedded_target)},
+                             "eval": {"drafter": str(random_drafter), "sets": ["nope"]}})
+    with caplog.at_level("WARNING", logger="draftsmith.evaluation.evaluate"), pytest.raises(DataError, match="nope"):
+        run_evaluation(s)
+    assert [r.getMessage() for r in caplog.records if "records no code_version" in r.getMessage()] == [
+        f"the drafter {random_drafter} records no code_version (a peer's export, or an older draftsmith's); the "
+        "report cannot say which build made it"]
+
+
 def test_layer_ids_outside_target(write_drafter, embedded_target, tmp_path):
     d = write_drafter(tmp_path / "d", layer_ids=(1, 14, 30))
     with pytest.raises(ModelError, match=r"layer ids \[1, 14, 30\] do not fit a target with 30 layers"):

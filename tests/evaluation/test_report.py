@@ -76,3 +76,14 @@ def test_draft_vocab_coverage_sums_counts_over_sets():
     assert res["sets"]["gsm8k"]["draft_vocab_coverage"] == 0.99 and res["overall"]["draft_vocab_coverage"] == 0.83
     unknown = SetMeasure("alpaca", 1, 1, 10, 1.0)  # an engine that reports no token ids (SGLang's /generate)
     assert unknown.draft_vocab_coverage is None and overall([unknown], "vllm", 3).draft_vocab_coverage is None
+
+
+def test_the_report_says_which_build_exported_the_drafter():
+    from draftsmith.evaluation.report import render_markdown
+
+    known = build_report("r", "vllm", 3, 0.0, [], "t", "d", drafter_code_version="draftsmith 0.1.0 (git abc1234)")
+    assert known["drafter_code_version"] == "draftsmith 0.1.0 (git abc1234)"
+    assert "Drafter exported by draftsmith 0.1.0 (git abc1234)." in render_markdown(known).splitlines()
+    unknown = build_report("r", "vllm", 3, 0.0, [], "t", "d")
+    assert unknown["drafter_code_version"] is None
+    assert "records no code_version" in render_markdown(unknown)

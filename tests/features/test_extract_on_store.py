@@ -17,8 +17,8 @@ import sys
 import pytest
 import torch
 from draftsmith.artifacts.location import run_location
-from draftsmith.artifacts.staging import pull, push
 from draftsmith.features.queue import enqueue_shards
+from draftsmith.staging import pull, push
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 from safetensors.torch import load, load_file

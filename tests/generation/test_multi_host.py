@@ -157,7 +157,7 @@ def later_stages_from_the_store(s, n: int, store_env: dict[str, str], target, tm
     """build-data, extraction jobs on two hosts, training on two nodes (torchrun, c10d, one rank each), export and
     evaluation in vLLM, each on a host of its own that shares only Redis and the store with the others."""
     from draftsmith.artifacts.location import run_location
-    from draftsmith.artifacts.staging import pull
+    from draftsmith.staging import pull
     from draftsmith.target.server import free_port
     from safetensors.torch import load, load_file
 

@@ -139,3 +139,28 @@ def test_wrong_credentials_are_one_line_without_the_secret(tmp_path, monkeypatch
     finally:
         store.stop()
         S3FileSystem.clear_instance_cache()
+
+
+def test_build_data_pulls_each_prompt_once_into_its_working_copy(s3_runs, tmp_path):
+    """``staged(fetch=pull_records)``, as build-data runs it: the store's records come down as one local shard with
+    each prompt's first record; a second pull on the same host adds only the prompts written since."""
+    from draftsmith.config import Settings
+    from draftsmith.generation.store import PULLED_SHARD, pull_records
+    from draftsmith.staging import staged
+
+    d = RunPaths(s3_runs, "pulled").records
+    write_shard(d, "gen-a", [rec("p1", answer="from A"), rec("p2")])
+    write_shard(d, "gen-b", [rec("p3")])
+    s = Settings(runs_dir=s3_runs, run="pulled", stage_dir=tmp_path / "stage")
+    with staged(s, (), (), fetch=pull_records) as local_s:
+        local = RunPaths(local_s.runs_dir, "pulled").records
+        assert not is_remote(local) and str(local).startswith(str(tmp_path / "stage"))
+        got = {r["id"]: r["turns"][0]["content"] for r in iter_records(local)}
+    assert got == {"p1": "from A", "p2": "x", "p3": "x"}
+    assert [p.name for p in local.glob("*.jsonl")] == [f"{PULLED_SHARD}.jsonl"]
+    write_shard(d, "gen-c", [rec("p4")])
+    root = run_location(s3_runs) / "pulled"
+    assert pull_records(root, local.parent) == 1
+    assert sorted(r["id"] for r in iter_records(local)) == ["p1", "p2", "p3", "p4"]
+    with pytest.raises(ValueError, match="pull_records"), staged(s, ("records",), ()):
+        pass  # records are read through their format, never copied file by file

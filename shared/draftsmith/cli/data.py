@@ -6,17 +6,25 @@ from pathlib import Path
 
 import typer
 
-from draftsmith.artifacts.staging import staged
+from draftsmith.artifacts.status import write_snapshot
+from draftsmith.artifacts.storage import atomic_write_text
+from draftsmith.artifacts.vocab import read_meta
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.config import settings_to_yaml
+from draftsmith.data.build import build_data
+from draftsmith.data.vocab import write_draft_vocab
+from draftsmith.generation.store import pull_records
+from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
+from draftsmith.staging import staged
+from draftsmith.target.checkpoint import target_checkpoint
 
 
 def _tokenizer_path(s) -> Path:
     """``data.tokenizer``, else ``target.path``, else the embedded target checkpoint folder."""
     if s.data.tokenizer:
         return Path(s.data.tokenizer).expanduser()
-    from draftsmith.target.checkpoint import target_checkpoint
 
     return target_checkpoint(s)
 
@@ -29,12 +37,8 @@ def build_data_cmd(
     check: bool = typer.Option(False, "--check", help="Only render and validate token-exactly; write nothing."),
 ) -> None:
     """Render records with the target's chat template, mask, validate token-exactly, pack samples, build d2t/t2d."""
-    from draftsmith.config import settings_to_yaml
-    from draftsmith.data.build import build_data
-    from draftsmith.paths import RunPaths
-
     s = settings(run=run, data={"max_length": max_length, "draft_vocab_size": draft_vocab_size})
-    with staged(s, ("records",), () if check else ("data", "config.yaml", "status")) as s:
+    with staged(s, (), () if check else ("data", "config.yaml", "status"), fetch=pull_records) as s:
         paths = RunPaths(s.runs_dir, s.run)
         keep(f"the records in {paths.records}; the training data is built again from them")
         tok_path = _tokenizer_path(s)
@@ -52,10 +56,8 @@ def build_data_cmd(
                        f"prompts as served {st['prompts_checked'] - st['prompts_mismatched']}/{st['prompts_checked']}")
             return
         paths.ensure()
-        from draftsmith.artifacts.storage import atomic_write_text
 
         atomic_write_text(paths.config, settings_to_yaml(s))
-        from draftsmith.artifacts.vocab import read_meta
 
         vocab = read_meta(paths.vocab, s.data.draft_vocab_size)
         typer.echo(
@@ -67,7 +69,6 @@ def build_data_cmd(
         )
         if vocab:
             typer.echo(f"draft vocabulary N={vocab['size']}: coverage {100 * vocab['coverage']:.2f}%  -> {paths.data}")
-        from draftsmith.artifacts.status import write_snapshot
 
         write_snapshot(paths.root, "data", "done",
                        f"samples {st['samples']}, tokens {st['tokens']}, supervised {st['supervised_tokens']}, dropped "
@@ -81,9 +82,6 @@ def draft_vocab_cmd(
     size: list[int] = typer.Option(..., "--size", "-n", help="Draft vocabulary size N (repeatable)."),
 ) -> None:
     """Rebuild the draft vocabulary with another N from the stored token counts (no regeneration, no features)."""
-    from draftsmith.data.vocab import write_draft_vocab
-    from draftsmith.paths import RunPaths
-
     s = settings(run=run)
     vocab_dir = RunPaths(s.runs_dir, s.run).vocab
     for n in size:

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import typer
 
-from draftsmith.artifacts.staging import staged
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.evaluation.checks import check_drafter_fits, check_engine_reads_layout
+from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
+from draftsmith.staging import staged
 
 
 @app.command("eval")
@@ -36,7 +38,6 @@ def eval_cmd(
     """Measure acceptance rate, mean acceptance length, per-position acceptance and speedup; write report.json,
     report.md, report.png and metrics.prom."""
     from draftsmith.evaluation.evaluate import drafter_dir, run_evaluation, target_dir
-    from draftsmith.paths import RunPaths
 
     ev = {"engine": engine, "k": k, "url": url, "baseline_url": baseline_url, "sglang_url": sglang_url, "out": out,
           "drafter": drafter, "limit": limit, "concurrency": concurrency, "temperature": temperature,
@@ -47,7 +48,6 @@ def eval_cmd(
         if print_sglang_command:
             import shlex
 
-            from draftsmith.evaluation.checks import check_drafter_fits, check_engine_reads_layout
             from draftsmith.evaluation.sglang import SGLangServerSpec
 
             t, d = target_dir(s), drafter_dir(s, RunPaths(s.runs_dir, s.run))

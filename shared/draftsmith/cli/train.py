@@ -6,8 +6,12 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.drafter.launch import torchrun_argv
 from draftsmith.errors import DraftsmithError
+from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
+from draftsmith.staging import pusher, staged
+from draftsmith.target.checkpoint import target_checkpoint
 
 
 def train_summary(result: dict, status_file) -> str:
@@ -45,15 +49,12 @@ def train_cmd(
                                  "resume": False if no_resume else None})
     import os
 
-    from draftsmith.artifacts.staging import pusher, staged
-
     remote = s
     # every rank reads the run; only the main rank (the one that saves checkpoints) writes it back
     pushed = ("checkpoints", "status") if int(os.environ.get("RANK", "0")) == 0 else ()
     with staged(s, ("data", "features", "checkpoints"), pushed) as s:
         from draftsmith import metrics
         from draftsmith.drafter.trainer import Trainer
-        from draftsmith.paths import RunPaths
 
         keep(f"the checkpoints in {RunPaths(s.runs_dir, s.run).checkpoints}")
         trainer = Trainer(s)
@@ -84,8 +85,6 @@ def train_launch_cmd(
 
     import torch
 
-    from draftsmith.drafter.launch import torchrun_argv
-
     s = settings(run=run, train={"nnodes": nnodes, "rdzv_endpoint": rdzv_endpoint})
     n = nproc_per_node or max(1, torch.cuda.device_count())
     argv = torchrun_argv(s.train.nnodes, s.train.rdzv_endpoint, s.run, n)
@@ -104,15 +103,12 @@ def export_cmd(
 ) -> None:
     """Write runs/<run>/export/<layout>/ for vLLM and SGLang."""
     s = settings(run=run, export={"format": fmt})
-    from draftsmith.artifacts.staging import staged
 
     # the latest checkpoint comes down, or the one named (a folder name; a local path needs nothing pulled)
     named = (f"checkpoints/{checkpoint}",) if checkpoint and "/" not in checkpoint else ()
     with staged(s, ("checkpoints", *named, "data"), ("export",)) as s:
         from draftsmith.drafter.checkpoint import resolve_checkpoint
         from draftsmith.drafter.export import export_checkpoint
-        from draftsmith.paths import RunPaths
-        from draftsmith.target.checkpoint import target_checkpoint
 
         paths = RunPaths(s.runs_dir, s.run)
         ckpt = resolve_checkpoint(paths.checkpoints, checkpoint)

@@ -37,6 +37,7 @@ from draftsmith.artifacts.export import (
     layout_dir,
     weights_path,
 )
+from draftsmith.artifacts.provenance import stamp
 from draftsmith.drafter.checkpoint import FROZEN, model_state
 from draftsmith.drafter.config import DraftConfig, vllm_layer_ids
 from draftsmith.features.layers import eagle3_layout_ids
@@ -128,7 +129,8 @@ def export_weights(model, layout: str) -> dict[str, torch.Tensor]:
 
 
 def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3, verifier: str = "") -> Path:
-    """Write one layout into ``out_dir`` (``config.json`` + ``model.safetensors``) atomically.
+    """Write one layout into ``out_dir`` (``config.json`` + ``model.safetensors``) atomically; the config records
+    the ``code_version`` that wrote it (:func:`draftsmith.artifacts.provenance.stamp`, read back by ``eval``).
 
     Args:
         model: trained :class:`~draftsmith.drafter.model.Eagle3Drafter`.
@@ -140,7 +142,7 @@ def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3,
 
     cfg: DraftConfig = model.cfg
     check_layout(layout)
-    config = eagle3_config(cfg) if layout == EAGLE3 else speculators_config(cfg, speculative_tokens, verifier)
+    config = stamp(eagle3_config(cfg) if layout == EAGLE3 else speculators_config(cfg, speculative_tokens, verifier))
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
     if tmp.exists():

@@ -44,6 +44,7 @@ class DrafterInfo:
     vocab_size: int
     draft_vocab_size: int
     layer_ids: tuple[int, ...]
+    code_version: str | None = None  # the draftsmith build that exported it; None for a peer's or an older export
 
 
 def _read_config(folder: Path, what: str) -> dict:
@@ -144,7 +145,7 @@ def check_drafter_fits(target_dir: Path, drafter_dir: Path) -> DrafterInfo:
             f"drafter max_position_embeddings {mp_d} is below the target's {mp_t} (silently kills acceptance)",
             "re-export the drafter copying max_position_embeddings and rope settings from the target",
         )
-    return DrafterInfo(drafter_dir, layout, h_d, h_t, v_t, n_draft, layer_ids)
+    return DrafterInfo(drafter_dir, layout, h_d, h_t, v_t, n_draft, layer_ids, d.get("code_version"))
 
 
 def check_engine_reads_layout(engine: str, info: DrafterInfo) -> None:

@@ -22,6 +22,8 @@ from draftsmith.evaluation.sets import EvalSet, load_set
 from draftsmith.evaluation.sglang import SGLangServerSpec, require_sglang
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
+from draftsmith.target.checkpoint import target_checkpoint
+from draftsmith.target.server import VLLMServer, VLLMServerSpec, eagle3_config, free_port, resolve_model
 
 log = get_logger(__name__)
 
@@ -32,8 +34,6 @@ def target_dir(s: Settings) -> Path:
     Raises:
         ModelError: no checkpoint there.
     """
-    from draftsmith.target.checkpoint import target_checkpoint
-
     return target_checkpoint(s)
 
 
@@ -55,8 +55,6 @@ def drafter_dir(s: Settings, paths: RunPaths) -> Path:
 
 
 def _vllm_server(s: Settings, target: Path, speculative: dict | None, log_path: Path):
-    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
-
     spec = VLLMServerSpec(
         model=target, served_name=target.name, port=free_port(), dtype=s.target.dtype,
         max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,
@@ -104,8 +102,6 @@ def engine_url(e, engine: str) -> str | None:
 
 def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], logs: Path) -> dict[str, Any]:
     """Measure in vLLM: with the drafter (``eval.url`` or a server started here), then the baseline without it."""
-    from draftsmith.target.server import eagle3_config, resolve_model
-
     e = s.eval
     spec_cfg = eagle3_config(drafter, e.k)
     with ExitStack() as stack:
@@ -133,8 +129,6 @@ def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], 
 
 def measure_sglang(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], logs: Path) -> dict[str, Any]:
     """Measure in SGLang: ``eval.sglang_url`` (with the drafter loaded) or a server started here (needs SGLang)."""
-    from draftsmith.target.server import VLLMServer
-
     e = s.eval
     sglang_url = engine_url(e, "sglang")
     spec = SGLangServerSpec(model=target, drafter=drafter, k=e.k, context_length=s.target.max_model_len,
@@ -190,6 +184,9 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     drafter = drafter_dir(s, paths)
     info: DrafterInfo = check_drafter_fits(target, drafter)
     check_engine_reads_layout(s.eval.engine, info)
+    if info.code_version is None:
+        log.warning("the drafter %s records no code_version (a peer's export, or an older draftsmith's); the report "
+                    "cannot say which build made it", drafter)
     sets = [load_set(x, s.eval.limit, s.eval.sets_dir) for x in s.eval.sets]
     log.info("drafter %s fits %s (hidden %d, draft vocab %d, layers %s); %d sets, %d prompts",
              drafter, target.name, info.hidden_size, info.draft_vocab_size, list(info.layer_ids), len(sets),
@@ -205,6 +202,6 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     off = offline_estimate(target, drafter, sets, s.eval.k, s.eval.max_tokens,
                            s.target.trust_remote_code) if offline else None
     report = build_report(s.run, s.eval.engine, s.eval.k, s.eval.temperature, results, str(target), str(drafter),
-                          off, s.model_dump(mode="json"))
+                          off, s.model_dump(mode="json"), info.code_version)
     out = Path(s.eval.out) if s.eval.out else paths.eval
     return write_reports(report, out, s.eval.pushgateway_url)

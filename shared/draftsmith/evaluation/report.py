@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.provenance import stamp
 from draftsmith.artifacts.report import REPORT_SCHEMA, report_paths
 from draftsmith.artifacts.storage import atomic_write_bytes, atomic_write_text
 from draftsmith.evaluation.runner import SetMeasure
@@ -75,11 +76,10 @@ def engine_result(engine: str, k: int, temperature: float, sets: list[SetMeasure
 
 def build_report(run: str, engine: str, k: int, temperature: float, results: list[dict[str, Any]],
                  target: str, drafter: str, offline: dict[str, Any] | None = None,
-                 config: dict[str, Any] | None = None) -> dict[str, Any]:
+                 config: dict[str, Any] | None = None, drafter_code_version: str | None = None) -> dict[str, Any]:
     """The whole ``report.json`` document (schema ``draftsmith.eval-report/1``), stamped with the code version and
-    the config's hash (:mod:`draftsmith.artifacts.provenance`)."""
-    from draftsmith.artifacts.provenance import stamp
-
+    the config's hash (:mod:`draftsmith.artifacts.provenance`); ``drafter_code_version`` is the one the drafter's
+    export records (None: it records none)."""
     return stamp({
         "schema": REPORT_SCHEMA,
         "run": run,
@@ -88,6 +88,7 @@ def build_report(run: str, engine: str, k: int, temperature: float, results: lis
         "temperature": temperature,
         "target": target,
         "drafter": drafter,
+        "drafter_code_version": drafter_code_version,
         "definition": DEFINITION,
         "results": results,
         "offline": offline,
@@ -102,12 +103,23 @@ def _fmt(x: Any, pct: bool = False) -> str:
     return f"{100 * x:.1f}%" if pct else (f"{x:.2f}" if isinstance(x, float) else str(x))
 
 
+def drafter_provenance(report: dict[str, Any]) -> str:
+    """The report's line on which build exported the drafter (its export's ``code_version``), or that it records
+    none (a peer's export, or one written before exports recorded it)."""
+    v = report.get("drafter_code_version")
+    if v:
+        return f"Drafter exported by {v}."
+    return ("The drafter's export records no code_version (a peer's export, or an older draftsmith's): which build "
+            "made it is unknown.")
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """``report.md``: one table per engine (sets and overall), the definitions, and the offline estimate."""
     lines = [f"# Acceptance of the drafter: run `{report['run']}`", "",
              f"Target `{report['target']}`, drafter `{report['drafter']}`, K = {report['k']} speculative tokens "
              f"(chain), temperature {report['temperature']}."
-             + (f" Made by {report['code_version']}." if report.get("code_version") else ""), ""]
+             + (f" Made by {report['code_version']}." if report.get("code_version") else ""),
+             "", drafter_provenance(report), ""]
     for res in report["results"]:
         lines += [f"## {res['engine']}", "",
                   "| set | acceptance rate | mean acceptance length | per position | output tok/s | baseline tok/s "

@@ -48,7 +48,7 @@ def require_free_gpus(target_dir: Path, devices: list[int], mem_get_info=None, m
     it and the extractor must never share GPUs).
 
     Each device needs ``margin`` x the target's weights / ``len(devices)`` free (weights from the weight index,
-    :func:`draftsmith.sizing.weights_bytes`; unknown: nothing is checked).
+    :func:`draftsmith.target.checkpoint.weights_bytes`; unknown: nothing is checked).
 
     Args:
         mem_get_info: ``torch.cuda.mem_get_info`` (``(free, total)`` bytes of a device); a stand-in in tests, which
@@ -58,7 +58,7 @@ def require_free_gpus(target_dir: Path, devices: list[int], mem_get_info=None, m
         EngineError: a device has less free memory than its share; the message names the devices and the fix.
     """
     from draftsmith.errors import EngineError
-    from draftsmith.sizing import weights_bytes
+    from draftsmith.target.checkpoint import weights_bytes
 
     wb = weights_bytes(Path(target_dir))
     if not devices or not wb:

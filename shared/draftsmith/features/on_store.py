@@ -1,7 +1,7 @@
 """Extraction of a run that lives on an object store, one data shard per job, on any host.
 
 A job needs only the run's URL and Redis: it pulls the data manifest, the feature manifest and its one data shard
-into the host's working copy (:func:`draftsmith.artifacts.staging.local_root`), extracts there with the same code as
+into the host's working copy (:func:`draftsmith.staging.local_root`), extracts there with the same code as
 a local run (:func:`draftsmith.features.jobs.extract_shard`), then pushes the feature shard and, last, its sidecar
 with put-if-absent, and removes both from its copy. The store's sidecars are the set of done shards: a sidecar is
 only written after its shard, so a host lost between the two leaves a shard that is redone, never a sidecar without
@@ -9,7 +9,7 @@ its file.
 
 The store's ``features/manifest.json`` is rebuilt from the listing of sidecars by ``draftsmith extract`` (when it
 enqueues, and again when a later call finds nothing left), and every reader rebuilds its local copy's manifest from
-the sidecars it pulled (:func:`draftsmith.artifacts.staging.pull`), so a manifest written while another host was
+the sidecars it pulled (:func:`draftsmith.staging.pull`), so a manifest written while another host was
 finishing a shard never hides that shard.
 """
 
@@ -22,8 +22,8 @@ from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as artifact
 from draftsmith.artifacts.location import list_names, put_if_absent, read_bytes, run_location, write_bytes
 from draftsmith.artifacts.provenance import stamp
-from draftsmith.artifacts.staging import local_root, pull, push
 from draftsmith.log import get_logger
+from draftsmith.staging import local_root, pull, push
 
 log = get_logger(__name__)
 

@@ -251,6 +251,28 @@ def iter_records(records_dir: Path) -> Iterator[dict[str, Any]]:
             yield from artifact.parse_shard(shard, f)
 
 
+# the local shard that holds the store's records in a working copy (one per pull; the next adds only new prompts)
+PULLED_SHARD = "from-store"
+
+
+def pull_records(root, local: Path) -> int:
+    """Each prompt's first record of the run at store location ``root`` (``root/records``, read by
+    :func:`iter_records`) into the local shard ``from-store`` of the working copy ``local`` (``local/records``),
+    the prompts it already holds skipped; the ``fetch`` of :func:`draftsmith.staging.staged` for build-data.
+    Returns the records added.
+
+    Raises:
+        StorageError: the store failed; DataError: a shard line is not JSON.
+    """
+    records = local / "records"
+    have = done_ids(records) if records.is_dir() else set()
+    fresh = [r for r in iter_records(root / "records") if r["id"] not in have]
+    if fresh:
+        write_shard(records, PULLED_SHARD, fresh)
+        rebuild_manifest(records)
+    return len(fresh)
+
+
 def load_prompts(path: Path) -> dict[str, dict[str, Any]]:
     """The run's prompts (``prompts.jsonl``, a local file or an object) by id; a missing file gives none.
 

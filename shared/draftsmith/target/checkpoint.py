@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
 from draftsmith.errors import ModelError
+from draftsmith.target.embedded import embedded_dir, is_prepared, prepare_embedded
 
 if TYPE_CHECKING:
     import torch
@@ -32,8 +34,6 @@ def target_checkpoint(s: Settings, prepare: bool = False) -> Path:
         ModelError: ``target.path`` has no ``config.json``, or the embedded default is not prepared (and
             ``prepare`` is False).
     """
-    from draftsmith.target.embedded import embedded_dir, is_prepared, prepare_embedded
-
     if s.target.path:
         p = Path(s.target.path).expanduser()
         if not target_config_path(p).is_file():
@@ -77,6 +77,19 @@ def read_target_config(folder: Path | str, text: bool = False) -> dict[str, Any]
     return cfg.get("text_config", cfg) if text else cfg
 
 
+def weights_bytes(folder: Path) -> int | None:
+    """Bytes of the target's weights in checkpoint ``folder``: the weight index's ``metadata.total_size``, else the
+    ``*.safetensors`` files' sizes, else None (no weights there). Read by the planner and by extraction's free-memory
+    check; no weights are loaded."""
+    index = folder / WEIGHTS_INDEX_FILE
+    if index.is_file():
+        total = (json.loads(index.read_text()).get("metadata") or {}).get("total_size")
+        if total:
+            return int(total)
+    files = list(folder.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) if files else None
+
+
 def final_norm_key(names: Sequence[str]) -> str | None:
     """The weight name of the target's final norm among ``names``: ``norm.weight`` under the text model's root
     (``model.norm.weight``; ``model.language_model.norm.weight`` or ``language_model.model.norm.weight`` in wrapped
@@ -97,8 +110,6 @@ def load_final_norm(target_dir: Path) -> torch.Tensor:
     import json
 
     from safetensors import safe_open
-
-    from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
 
     target_dir = Path(target_dir)
     index = target_dir / WEIGHTS_INDEX_FILE

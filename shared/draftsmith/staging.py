@@ -5,10 +5,10 @@ hosts. The later stages read and write large files with memory maps and torch (s
 a stage of a run whose ``runs_dir`` is a URL works on a local copy of the run under ``stage_dir``:
 
 1. pull: the folders the stage reads come down from the store, each file only when the local copy lacks it or
-   differs in size (a second stage on the same host downloads nothing twice). Records come down as one local shard
-   holding each prompt's first record (:func:`draftsmith.generation.object_records.iter_records`), so every prompt
-   is used once however many hosts answered it; a pulled ``features/manifest.json`` is rebuilt from the pulled
-   sidecars;
+   differs in size (a second stage on the same host downloads nothing twice); a pulled ``features/manifest.json`` is
+   rebuilt from the pulled sidecars. A stage that reads a folder through its own format pulls it itself, through
+   ``staged(fetch=...)``: build-data takes the records as one local shard holding each prompt's first record
+   (:func:`draftsmith.generation.store.pull_records`), so every prompt is used once however many hosts answered it;
 2. the stage runs unchanged on the copy (its own resume rules: finished shards and checkpoints are skipped);
 3. push: every file of the folders the stage writes that the store lacks or holds with another size goes up,
    JSON files (sidecars, manifests, ``latest.json``) after the files they describe; the files a stage rewrites in
@@ -20,30 +20,34 @@ A host that dies mid-stage loses only what it had not pushed; the next run of th
 was pushed and resumes from there (training: from the last pushed checkpoint, :func:`push` is called after each
 checkpoint). Checkpoints come down as the latest one only, and the store keeps as many as the trainer keeps locally
 (``train.keep``): older folders are removed after each push.
-"""
+
+This module sits below the stages (docs/architecture.md): it copies files and knows the artifacts' pointers and
+manifests (:mod:`draftsmith.artifacts`), never a stage's code."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from draftsmith.artifacts.location import describe_store_error, is_remote, run_key, run_location
+from draftsmith.artifacts import data as data_artifact
+from draftsmith.artifacts import features as features_artifact
+from draftsmith.artifacts import records as records_artifact
+from draftsmith.artifacts.checkpoints import LATEST_FILE, STATE_FILE, read_latest
+from draftsmith.artifacts.location import describe_store_error, is_remote, list_names, run_key, run_location
 from draftsmith.log import get_logger
 
 log = get_logger("draftsmith.staging")
 
-RECORDS = "records"
 FEATURES = "features"
 CHECKPOINTS = "checkpoints"
 STATUS = "status"
 # rewritten in place by the stages (a new version may have the old one's size): pushed every time
-REPLACED = frozenset({"latest.json", "manifest.json", "config.yaml"})
-# the local shard that holds the store's records (one per pull; the next pull adds only prompts it lacks)
-PULLED_SHARD = "from-store"
+REPLACED = frozenset({LATEST_FILE, data_artifact.MANIFEST_FILE, features_artifact.MANIFEST_FILE,
+                      records_artifact.MANIFEST_FILE, "config.yaml"})
 
 
 def local_root(stage_dir: Path, run_root: Any) -> Path:
@@ -70,24 +74,9 @@ def _remote_files(root: Any, folder: str) -> dict[str, int]:
     return out
 
 
-def _pull_records(root: Any, local: Path) -> int:
-    """Each prompt's first record from the store into the local shard ``from-store``; returns records added."""
-    from draftsmith.generation import object_records
-    from draftsmith.generation.store import done_ids, rebuild_manifest, write_shard
-
-    have = done_ids(local / RECORDS) if (local / RECORDS).is_dir() else set()
-    fresh = [r for r in object_records.iter_records(root / RECORDS) if r["id"] not in have]
-    if fresh:
-        write_shard(local / RECORDS, PULLED_SHARD, fresh)
-        rebuild_manifest(local / RECORDS)
-    return len(fresh)
-
-
 def _pull_latest_checkpoint(root: Any, local: Path) -> int:
     """``checkpoints/latest.json`` and the one folder it names: a resume and an export need no other (an older
     checkpoint is pulled by naming its folder, ``checkpoints/step-XXXXXXXX``). Returns the files copied."""
-    from draftsmith.artifacts.checkpoints import LATEST_FILE, read_latest
-
     n = pull(root, local, (f"{CHECKPOINTS}/{LATEST_FILE}",))
     name = read_latest(local / CHECKPOINTS) if (root / CHECKPOINTS / LATEST_FILE).exists() else None
     return n + (pull(root, local, (f"{CHECKPOINTS}/{name}",)) if name else 0)
@@ -101,9 +90,6 @@ def prune_checkpoints(root: Any, keep: int) -> list[str]:
     Raises:
         StorageError: the store failed.
     """
-    from draftsmith.artifacts.checkpoints import STATE_FILE
-    from draftsmith.artifacts.location import describe_store_error, list_names
-
     folder = root / CHECKPOINTS
     names = [n for n in list_names(folder, "") if n.startswith("step-")]
     complete = [n for n in names if (folder / n / STATE_FILE).exists()]
@@ -119,18 +105,19 @@ def prune_checkpoints(root: Any, keep: int) -> list[str]:
 
 
 def pull(root: Any, local: Path, parts: Sequence[str]) -> int:
-    """Copy ``parts`` of the run at ``root`` (folders like ``data``, or files like ``prompts.jsonl``; ``records``
-    is read through :func:`_pull_records`, ``checkpoints`` as the latest one, :func:`_pull_latest_checkpoint`)
-    into ``local``; returns the files (or records) copied.
+    """Copy ``parts`` of the run at ``root`` (folders like ``data``, or files like ``prompts.jsonl``; ``checkpoints``
+    as the latest one, :func:`_pull_latest_checkpoint`) into ``local``; returns the files copied.
 
     Raises:
         StorageError: the store cannot be reached or refuses access.
+        ValueError: ``records`` among ``parts``: records are read through their own format
+            (:func:`draftsmith.generation.store.pull_records`, ``staged(fetch=...)``).
     """
+    if "records" in parts:
+        raise ValueError("records are pulled by draftsmith.generation.store.pull_records (staged(fetch=...)), "
+                         "not copied file by file")
     n = 0
     for part in parts:
-        if part == RECORDS:
-            n += _pull_records(root, local)
-            continue
         if part == CHECKPOINTS:
             n += _pull_latest_checkpoint(root, local)
             continue
@@ -148,9 +135,8 @@ def pull(root: Any, local: Path, parts: Sequence[str]) -> int:
             tmp.replace(dst)
             n += 1
         if part == FEATURES:
-            from draftsmith.artifacts.features import rebuild_from_sidecars
-
-            rebuild_from_sidecars(local / FEATURES)  # the store's manifest may predate a shard another host finished
+            # the store's manifest may predate a shard another host finished
+            features_artifact.rebuild_from_sidecars(local / FEATURES)
     return n
 
 
@@ -184,10 +170,16 @@ def push(local: Path, root: Any, parts: Sequence[str]) -> int:
 
 
 @contextmanager
-def staged(s, pull_parts: Sequence[str], push_parts: Sequence[str]) -> Iterator[Any]:
+def staged(s, pull_parts: Sequence[str], push_parts: Sequence[str],
+           fetch: Callable[[Any, Path], int] | None = None) -> Iterator[Any]:
     """Settings for a stage: unchanged for a local run; for a run on an object store, settings whose ``runs_dir`` is
     the local working copy, with ``pull_parts`` pulled before and ``push_parts`` pushed after (also when the stage
     fails: what it finished is kept in the store).
+
+    Args:
+        fetch: ``fetch(root, local)``, the stage's own pull of what it reads through a format rather than file by
+            file (build-data: :func:`draftsmith.generation.store.pull_records`), called after ``pull_parts`` with
+            the run's store location and its working copy; returns what it added.
 
     Raises:
         StorageError: the store cannot be reached or refuses access.
@@ -198,7 +190,7 @@ def staged(s, pull_parts: Sequence[str], push_parts: Sequence[str]) -> Iterator[
     root = run_location(s.runs_dir) / s.run
     local = local_root(s.stage_dir, root)
     local.mkdir(parents=True, exist_ok=True)
-    got = pull(root, local, pull_parts)
+    got = pull(root, local, pull_parts) + (fetch(root, local) if fetch else 0)
     log.info("working copy of %s in %s: %d file(s) pulled", root, local, got)
     local_s = s.model_copy(update={"runs_dir": local.parent})
     try:
