@@ -181,8 +181,6 @@ def kv_bytes_per_token(text: dict, tp: int) -> tuple[int, str]:
     (DeepSeek-V3, Kimi-K2) caches one latent of ``kv_lora_rank + qk_rope_head_dim`` per layer, whole on every GPU
     (vLLM and SGLang replicate it under tensor parallelism); other attention caches a key and a value per KV head,
     the heads split over the GPUs."""
-    from draftsmith.drafter.config import is_mla
-
     layers = int(text["num_hidden_layers"])
     if is_mla(text):
         width = int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)
@@ -230,8 +228,6 @@ def _plan_drafter(s: Settings, target: Path, host: Host, vocab: int, usable: flo
         out.problems.append(str(e))
         return None
     total, trainable = drafter_parameters(dcfg)
-    from draftsmith.target.checkpoint import read_target_config
-
     cfg = read_target_config(target)
     tied = bool(cfg.get("tie_word_embeddings", (cfg.get("text_config") or {}).get("tie_word_embeddings", False)))
     state = trainable * TRAIN_BYTES_PER_PARAM / GB

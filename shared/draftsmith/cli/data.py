@@ -19,6 +19,7 @@ from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
 from draftsmith.staging import staged
 from draftsmith.target.checkpoint import target_checkpoint
+from draftsmith.target.defaults import apply_data_defaults
 
 
 def _tokenizer_path(s) -> Path:
@@ -42,8 +43,6 @@ def build_data_cmd(
         paths = RunPaths(s.runs_dir, s.run)
         keep(f"the records in {paths.records}; the training data is built again from them")
         tok_path = _tokenizer_path(s)
-        from draftsmith.target.defaults import apply_data_defaults
-
         for line in apply_data_defaults(s, tok_path):
             typer.echo(f"Default {line}")
         expected = s.target.model or tok_path.name
