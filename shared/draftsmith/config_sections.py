@@ -255,7 +255,13 @@ class TrainConfig(Section):
         "head's weight gradient.",
     )
     init_from: str | None = Field(None, description="Pretrained drafter folder to fine-tune (EAGLE or speculators).")
-    remap_vocab: bool = Field(False, description="Remap a pretrained drafter's lm_head rows to the data's vocab.")
+    remap_vocab: bool = Field(
+        True, description="When init_from's draft vocabulary differs from the run's, copy its lm_head rows of the "
+        "tokens both share (the others keep lm_head_init's rows) and log the overlap; false = refuse any other "
+        "draft vocabulary.")
+    remap_min_overlap: float = Field(
+        0.5, ge=0, le=1, description="Least share of the run's draft tokens init_from's draft vocabulary must hold "
+        "for a remap; below it fine-tuning refuses (the pretrained head would start mostly from scratch).")
     init_rope: Literal["refuse", "drafter", "target"] = Field(
         "refuse", description="When init_from's rotary settings (rope theta, scaling) differ from the target's: "
         "refuse, keep the drafter's (its weights were trained with them; the export carries them) or take the "
