@@ -205,6 +205,9 @@ class ExtractConfig(Section):
         1, ge=1, description="vllm backend: GPUs (or, on vLLM's CPU build, processes) the target is split over.")
     enable_expert_parallel: bool = Field(
         False, description="vllm backend: spread a MoE target's experts over the tensor-parallel ranks.")
+    release_idle_s: float = Field(
+        300, ge=0, description="Seconds a resident extraction worker's queue may stay empty before it frees the "
+        "target (its GPUs: training and the target service need them); the next job loads it again. 0 = never.")
 
 
 class TrainConfig(Section):
