@@ -121,6 +121,8 @@ def release_extractors(idle_s: float = 0.0) -> int:
     from draftsmith import metrics as M
 
     held = list(_EXTRACTORS)
+    if not held:
+        return 0
     for key in held:
         close = getattr(_EXTRACTORS.pop(key), "close", None)
         if close is not None:
