@@ -92,6 +92,18 @@ def _scrape(port: int, name: str) -> float | None:
     return values[0] if values else None
 
 
+def _probe(port: int) -> str:
+    """scripts/gpu-handover.py's probe of the extractor's held gauge, run against this pool's /metrics."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu-handover.py"
+    spec = importlib.util.spec_from_file_location("gpu_handover", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    code = mod.HELD_PROBE.replace("127.0.0.1:9400", f"127.0.0.1:{port}")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+
+
 def _wait_for(check, timeout_s: float, what: str, log: Path):
     """Poll ``check`` until true, else fail with the end of the worker's log."""
     deadline = time.time() + timeout_s
@@ -130,12 +142,13 @@ def test_an_idle_extraction_worker_frees_the_target_and_loads_it_for_the_next_jo
         assert _scrape(port, held) == 1  # loaded, within the 3 s
         _wait_for(lambda: "released target" in log.read_text(), 60, "the release", log)
         assert _scrape(port, held) == 0
+        assert _probe(port) == "0.0"  # what `make train` reads inside the extractor container
         text = log.read_text()
         assert "(extract.release_idle_s)" in text and text.count("loading target") == 1
         enqueue_shards(s, str(run_dir), [1])
         _wait_for(lambda: _done(run_dir) == 2, 300, "shard 1", log)
         assert log.read_text().count("loading target") == 2  # loaded again for the next job
-        assert _scrape(port, held) == 1
+        assert _scrape(port, held) == 1 and _probe(port) == "1.0"
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=60)
