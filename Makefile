@@ -53,6 +53,10 @@ EVAL_ENGINE_USED = $(or $(ENV_EVAL_ENGINE),$(if $(filter sglang,$(ENGINE)),sglan
 # One-off commands run inside the first running generator container (`exec`: the stack must be up). Not `run`:
 # podman's Docker API refuses the self-link docker-compose 1.29 gives one-off containers ("link is not supported").
 RUN_JOB = $(COMPOSE) exec -T -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) generator
+# One stage at a time on the GPUs: before up / train / eval, name what holds the GPUs the stage needs and the command
+# that frees it, and stop a target of another ENGINE before `make up` (scripts/gpu-handover.py; GPU_HANDOVER=true
+# skips it)
+GPU_HANDOVER ?= $(PYTHON) scripts/gpu-handover.py --engine $(ENGINE) --compose "$(COMPOSE)"
 
 .PHONY: check-secrets images up down ps logs enqueue status scale data extract train export eval
 check-secrets: ## Refuse to go on while a required secret in .env is empty or weak (names them)
@@ -61,7 +65,8 @@ check-secrets: ## Refuse to go on while a required secret in .env is empty or we
 images: ## No registry reachable (no Docker Hub)? Build local stand-in images and name them in .env
 	@scripts/local-images.sh $(ENV_FILE)
 
-up: check-secrets ## Start the stack with the target in ENGINE (vllm, sglang or cpu), building the project image; PROFILES=s3 adds the object store
+up: check-secrets ## Start the stack with the target in ENGINE (vllm, sglang or cpu; another engine's target is stopped first), building the project image; PROFILES=s3 adds the object store
+	@$(GPU_HANDOVER) up
 	$(COMPOSE) $(strip --profile $(ENGINE) $(foreach p,$(PROFILES),--profile $(p))) up -d $(BUILD) $(UP_ARGS)
 	@echo "Grafana: http://127.0.0.1:$${GRAFANA_PORT:-3000} (admin password in $(ENV_FILE)); make status RUN=$(RUN)"
 
@@ -93,6 +98,7 @@ extract: check-secrets ## Enqueue hidden-state extraction; the extractor service
 train: check-secrets ## Train the drafter in the trainer service (TRAIN_GPUS ranks): make train RUN=demo
 # the run travels as DRAFTSMITH_RUN: torchrun's parser reads `--run` after the module as its own `--run-path`;
 # several nodes: TRAIN_NNODES and TRAIN_RDZV_ENDPOINT in .env on each (docs/gpu-host.md)
+	@$(GPU_HANDOVER) train
 	$(COMPOSE) --profile train run --rm --no-deps -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) trainer \
 	  draftsmith train-launch --nproc-per-node $(TRAIN_NPROC)
 
@@ -100,6 +106,7 @@ export: check-secrets ## Export the drafter (EAGLE-3 and speculators layouts): m
 	$(RUN_JOB) draftsmith export --run $(RUN) --format both
 
 eval: check-secrets ## Acceptance of the drafter in the running target (DRAFTER_DIR set in .env, then make up)
+	@$(GPU_HANDOVER) eval
 	$(COMPOSE) --profile eval run --rm -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) evaluator \
 	  draftsmith eval --run $(RUN) --engine $(EVAL_ENGINE_USED) --url http://target:8000
 

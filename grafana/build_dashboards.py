@@ -126,6 +126,9 @@ EXTRACTION = Dashboard(
         Panel("Queue `extract`", [
             ('max(draftsmith_queue_depth{queue=~".*extract"})', "waiting"),
             ('max(draftsmith_workers_alive{queue=~".*extract"})', "workers")]),
+        Panel("Target held by the extractor", [("sum by (backend) (draftsmith_extract_target_held)", "{{backend}}")],
+              description="Extraction workers holding the target (its GPUs taken); 0 once the extract queue has been "
+              "empty for extract.release_idle_s (EXTRACT_RELEASE_IDLE_S): make train and make up wait for it."),
     ],
 )
 

@@ -221,6 +221,9 @@ class ExtractConfig(Section):
         1, ge=1, description="vllm backend: GPUs (or, on vLLM's CPU build, processes) the target is split over.")
     enable_expert_parallel: bool = Field(
         False, description="vllm backend: spread a MoE target's experts over the tensor-parallel ranks.")
+    release_idle_s: float = Field(
+        300, ge=0, description="Seconds a resident extraction worker's queue may stay empty before it frees the "
+        "target (its GPUs: training and the target service need them); the next job loads it again. 0 = never.")
 
 
 class TrainConfig(Section):
@@ -271,7 +274,13 @@ class TrainConfig(Section):
         "head's weight gradient.",
     )
     init_from: str | None = Field(None, description="Pretrained drafter folder to fine-tune (EAGLE or speculators).")
-    remap_vocab: bool = Field(False, description="Remap a pretrained drafter's lm_head rows to the data's vocab.")
+    remap_vocab: bool = Field(
+        True, description="When init_from's draft vocabulary differs from the run's, copy its lm_head rows of the "
+        "tokens both share (the others keep lm_head_init's rows) and log the overlap; false = refuse any other "
+        "draft vocabulary.")
+    remap_min_overlap: float = Field(
+        0.5, ge=0, le=1, description="Least share of the run's draft tokens init_from's draft vocabulary must hold "
+        "for a remap; below it fine-tuning refuses (the pretrained head would start mostly from scratch).")
     init_rope: Literal["refuse", "drafter", "target"] = Field(
         "refuse", description="When init_from's rotary settings (rope theta, scaling) differ from the target's: "
         "refuse, keep the drafter's (its weights were trained with them; the export carries them) or take the "

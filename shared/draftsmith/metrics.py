@@ -273,6 +273,10 @@ EXTRACT_TOKENS = Counter(f"{NS}_extract_tokens", "Tokens whose features were wri
 EXTRACT_BYTES = Counter(f"{NS}_extract_bytes_written", "Bytes of feature shards written.", ["run"])
 EXTRACT_TARGET_LOADS = Counter(
     f"{NS}_extract_target_loads", "Times an extraction worker loaded the target (once per worker is right).")
+EXTRACT_TARGET_HELD = Gauge(
+    f"{NS}_extract_target_held", "Extraction workers holding the target loaded (its GPUs taken); 0 once their queue "
+    "has been empty for extract.release_idle_s.", ["backend"], multiprocess_mode="livesum",
+)
 EXTRACT_SKIPPED = Counter(
     f"{NS}_extract_skipped_samples", "Samples left out of the features, by reason (nonfinite).", ["run", "reason"]
 )

@@ -124,10 +124,49 @@ def test_pretrained_init_checks_the_vocabulary(exported, embedded_target):
     other = load_checkpoint_model(ckpt, embedded_target)
     with torch.no_grad():  # another draft vocabulary: shift every draft token to the next target id
         other.d2t.add_(1)
-    with pytest.raises(ModelError, match="another draft vocabulary"):
-        load_pretrained(other, out / "eagle3")
-    load_pretrained(other, out / "eagle3", remap=True)
+    with pytest.raises(ModelError, match=r"knows \d+ of this run.s 2048 draft tokens .*another draft vocabulary"):
+        load_pretrained(other, out / "eagle3", remap=False)
+    load_pretrained(other, out / "eagle3")  # remapped by default
     torch.testing.assert_close(other.fc.weight, trained.fc.weight)
+
+
+def test_fine_tune_from_a_drafter_with_another_vocabulary(exported, embedded_target, tmp_path, caplog):
+    """The run builds its own draft vocabulary (3,072 tokens), the real drafter exported above has 2,048 of the
+    same data: remapped by default with the overlap logged, refused below train.remap_min_overlap."""
+    import shutil
+
+    from draftsmith.artifacts.data import vocab_dir
+    from draftsmith.config import load_settings
+    from draftsmith.data.vocab import write_draft_vocab
+    from draftsmith.drafter.load import read_export
+    from draftsmith.drafter.trainer import Trainer
+
+    ckpt, out = exported
+    runs = tmp_path / "runs"
+    shutil.copytree(ckpt.parents[1], runs / "ft", ignore=shutil.ignore_patterns("checkpoints", "export"))
+    write_draft_vocab(vocab_dir(runs / "ft" / "data"), 3072)  # what build-data writes for data.draft_vocab_size
+    base = {"runs_dir": str(runs), "run": "ft", "target": {"path": str(embedded_target)},
+            "train": {"draft_vocab_size": 3072, "ttt_steps": 2, "max_steps": 1, "batch_size": 4,
+                      "batch_tokens": 640, "init_from": str(out / "eagle3")}}
+    refused = {**base, "train": {**base["train"], "remap_min_overlap": 0.9}}
+    with pytest.raises(ModelError, match=r"knows 2048 of this run's 3072 draft tokens \(66.7%.*remap_min_overlap=0.9"):
+        Trainer(load_settings(None, refused))
+    with pytest.raises(ModelError, match="remap_vocab is false"):
+        Trainer(load_settings(None, {**base, "train": {**base["train"], "remap_vocab": False}}))
+    with caplog.at_level("WARNING", logger="draftsmith.drafter.load"):
+        trainer = Trainer(load_settings(None, base))
+    assert "knows 2048 of this run's 3072 draft tokens (66.7%; its own draft vocabulary has 2048)" in caplog.text
+    assert "the other 1024 rows start from train.lm_head_init" in caplog.text
+    _, _, src = read_export(out / "eagle3")
+    src_ids = (torch.arange(2048) + src["d2t"].long()).tolist()
+    dst_ids = (torch.arange(3072) + trainer.model.d2t.cpu()).tolist()
+    head = trainer.model.lm_head.weight.detach().cpu()
+    for i, t in enumerate(dst_ids):  # every token the drafter knew keeps its trained row
+        if t in src_ids:
+            torch.testing.assert_close(head[i], src["lm_head.weight"][src_ids.index(t)])
+    torch.testing.assert_close(trainer.model.fc.weight.detach().cpu(), src["fc.weight"])
+    trainer.run()  # and fine-tunes
+    assert list_checkpoints(runs / "ft" / "checkpoints")
 
 
 def test_offline_estimate_definitions(exported, embedded_target):

@@ -87,8 +87,27 @@ def test_workers_only_where_shared_memory_holds_their_batches(tmp_path, caplog):
     free = shutil.disk_usage(tmp_path).free
     assert shared_memory_workers(2, free // 20, shm=str(tmp_path)) == 2  # 5 batches in half the free space
     assert shared_memory_workers(2, free // 4, shm=str(tmp_path)) == 0  # a container's 64 MB /dev/shm, in kind
-    assert "shm_size" in caplog.text and "train.loader_workers: 0" in caplog.text
+    assert "READ-AHEAD OFF" in caplog.text and "shm_size" in caplog.text and "ipc: host" in caplog.text
+    assert "train.loader_workers: 0" in caplog.text
     assert shared_memory_workers(0, 1, shm=str(tmp_path)) == 0
+
+
+def test_every_rank_of_the_host_counts_against_its_shared_memory(tmp_path, caplog, monkeypatch):
+    """torchrun's ranks on one host share its /dev/shm: what fits one rank does not fit eight, and only the host's
+    first rank says so."""
+    import shutil
+
+    from draftsmith.drafter.loader import shared_memory_workers
+
+    free = shutil.disk_usage(tmp_path).free
+    assert shared_memory_workers(1, free // 20, shm=str(tmp_path), ranks=1) == 1  # 3 batches in half the free
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert shared_memory_workers(1, free // 20, shm=str(tmp_path)) == 0  # 24 batches do not fit
+    assert "READ-AHEAD OFF" not in caplog.text  # one line per host, from its first rank
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert shared_memory_workers(1, free // 20, shm=str(tmp_path)) == 0
+    assert caplog.text.count("READ-AHEAD OFF: 8 rank(s) x 1 loader worker(s)") == 1
 
 
 class _FailsOnThirdBatch:

@@ -38,3 +38,22 @@ def test_vllm_equals_hf(data_run, make_settings):
         torch.testing.assert_close(g.aux, r.aux, rtol=1e-3, atol=3e-2)
         torch.testing.assert_close(g.final, r.final, rtol=1e-3, atol=1e-3)
         assert torch.equal((g.final @ w.T).argmax(-1), (r.final @ w.T).argmax(-1))
+
+
+@pytest.mark.slow  # two vLLM engine starts in one process
+def test_released_engine_starts_again_in_the_same_process(data_run, make_settings):
+    """An idle resident worker frees the vllm backend (release_extractors) and the next job starts a new engine in
+    the same process: the distributed state of the first is gone, the features are the same."""
+    from draftsmith.features.jobs import _EXTRACTORS, get_extractor, release_extractors
+
+    s = make_settings(data_run, backend="vllm", compute_dtype="float32")
+    plan = make_plan(s, data_run)
+    seqs = read_data_shard(plan.data_dir, plan.shards[0])
+    first = get_extractor(plan, s).extract(seqs)
+    assert release_extractors(5.0) == 1 and not _EXTRACTORS
+    try:
+        again = get_extractor(plan, s).extract(seqs)
+    finally:
+        release_extractors()
+    for a, b in zip(first, again, strict=True):
+        torch.testing.assert_close(a.aux, b.aux)

@@ -506,3 +506,58 @@ def test_the_target_health_check_is_written_once(compose):
     checks = {name: services[name]["healthcheck"] for name in ("target-vllm", "target-sglang", "target-cpu")}
     assert len({tuple(c["test"]) for c in checks.values()}) == 1
     assert checks["target-cpu"]["start_period"] == "900s" and checks["target-vllm"]["start_period"] == "1800s"
+
+
+# What in a service's command starts a multi-process engine (ranks or an engine core beside its API server, which
+# share tensors through /dev/shm: Docker's default 64 MB breaks them mid-run with a bus error or a hang).
+ENGINE_MARKERS = {"vllm-serve.sh": "vLLM with tensor/expert parallel", "sglang-serve.sh": "SGLang with tensor parallel",
+                  "target serve": "vLLM (CPU): engine core and API server", "--queues extract": "the vllm backend",
+                  "train-launch": "torchrun ranks and loader workers", "draftsmith eval": "vLLM servers without --url"}
+ENGINE_SERVICES = {"target-vllm", "target-sglang", "target-cpu", "extractor", "trainer", "evaluator"}
+
+
+def merged_services(*files: Path) -> dict:
+    """Services of compose files merged as Compose merges them (later files add keys to a service)."""
+    out: dict = {}
+    for f in files:
+        for name, svc in (yaml.safe_load(f.read_text()).get("services") or {}).items():
+            out[name] = {**out.get(name, {}), **svc}
+    return out
+
+
+def engine_services(services: dict) -> dict[str, str]:
+    """``{service: why}`` for every service whose entrypoint or command may start a multi-process engine."""
+    out = {}
+    for name, svc in services.items():
+        text = " ".join(str(x) for key in ("entrypoint", "command")
+                        for x in (svc.get(key) if isinstance(svc.get(key), list) else [svc.get(key) or ""]))
+        hits = [why for marker, why in ENGINE_MARKERS.items() if marker in " ".join(text.split())]
+        if hits:
+            out[name] = hits[0]
+    return out
+
+
+def shared_memory_problems(*files: Path) -> list[str]:
+    """One line per service that may start a multi-process engine without ``ipc: host`` or a stated
+    ``shm_size``."""
+    services = merged_services(*files)
+    return [f"{name} ({why}) has neither `ipc: host` nor `shm_size`"
+            for name, why in sorted(engine_services(services).items())
+            if services[name].get("ipc") != "host" and not services[name].get("shm_size")]
+
+
+def test_multi_process_engines_get_shared_memory():
+    services = merged_services(COMPOSE, COMPOSE_GPU)
+    assert set(engine_services(services)) == ENGINE_SERVICES  # the markers still find every engine service
+    assert shared_memory_problems(COMPOSE, COMPOSE_GPU) == []
+    assert services["extractor"]["ipc"] == "host" and services["trainer"]["ipc"] == "host"
+
+
+def test_shared_memory_check_fails_without_the_extractors_ipc(tmp_path):
+    text = COMPOSE.read_text()
+    line = next(x for x in text.splitlines() if x.strip().startswith("ipc: host  # the vllm backend"))
+    copy = tmp_path / "compose.yaml"
+    copy.write_text(text.replace(line + "\n", ""))
+    assert "ipc" not in merged_services(copy, COMPOSE_GPU)["extractor"]
+    assert shared_memory_problems(copy, COMPOSE_GPU) == [
+        "extractor (the vllm backend) has neither `ipc: host` nor `shm_size`"]

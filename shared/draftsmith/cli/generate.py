@@ -87,6 +87,10 @@ def worker(
     stages = [q.strip() for q in queues.split(",") if q.strip()]
     for st in stages:
         queue_name(s.redis.prefix, st)  # validates the stage name
+    if "extract" in stages:
+        from draftsmith.features.jobs import release_when_idle
+
+        release_when_idle(s.extract.release_idle_s)  # resident workers free the target's GPUs between stages
     run_pool(s, stages, processes, burst=burst, metrics_port=metrics_port, metrics_addr=metrics_addr)
 
 

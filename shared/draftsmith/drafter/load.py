@@ -2,7 +2,8 @@
 
 A converted checkpoint that lost the ``midlayer.`` -> ``layers.0.`` rename served with zero acceptance and only a
 warning (speculators #358, #1114); here every missing or unexpected weight, a shape, hidden-size or vocabulary
-mismatch, and a draft vocabulary other than the data's (unless ``remap``) raises :class:`ModelError`.
+mismatch, and a draft vocabulary other than the data's that shares too few tokens to remap raises
+:class:`ModelError`.
 """
 
 from __future__ import annotations
@@ -235,18 +236,39 @@ def load_checkpoint_model(ckpt: Path | str, target_path: Path | str) -> Eagle3Dr
     return model.eval()
 
 
-def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = False, rope: str = "refuse") -> None:
+def vocab_overlap(src_d2t: torch.Tensor | None, n_src: int, dst_d2t: torch.Tensor) -> dict[int, int]:
+    """Rows of two draft vocabularies that name the same target token.
+
+    Args:
+        src_d2t: the pretrained drafter's ``d2t`` ``[N_src]`` (``None``: draft id i is target id i, as vLLM serves
+            an export without it). n_src: its ``lm_head`` rows. dst_d2t: the run's ``d2t`` ``[N]``.
+
+    Returns:
+        ``{row in the run's head: row in the pretrained head}`` for every target token both hold.
+    """
+    src_ids = torch.arange(n_src) + (src_d2t.long() if src_d2t is not None else 0)  # [N_src] target ids
+    dst_ids = torch.arange(dst_d2t.numel()) + dst_d2t.long()  # [N] target ids
+    pos = {int(t): i for i, t in enumerate(src_ids.tolist())}
+    return {i: pos[t] for i, t in enumerate(dst_ids.tolist()) if t in pos}
+
+
+def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = True, rope: str = "refuse",
+                    min_overlap: float = 0.0) -> None:
     """Initialise ``model`` (already holding the data's d2t/t2d) from a pretrained drafter for fine-tuning.
 
     Args:
         remap: when the pretrained draft vocabulary differs from the data's, copy the ``lm_head`` rows of
-            tokens both vocabularies share (others keep their target-row init) instead of failing.
+            tokens both vocabularies share (others keep their init, ``train.lm_head_init``) and log the overlap;
+            ``False`` refuses any other draft vocabulary.
+        min_overlap: ``train.remap_min_overlap``, the least share of the run's draft tokens the pretrained
+            drafter must know for a remap.
         rope: ``train.init_rope``; anything but ``refuse`` accepts other rotary settings (``model`` was built
             with the chosen ones, see :func:`fit_to_pretrained`).
 
     Raises:
         ModelError: a field of :data:`COMPARED_FIELDS` or the rotary settings (with ``rope="refuse"``) differ;
-            layout or shape mismatch; another draft vocabulary without ``remap``; norm options
+            layout or shape mismatch; another draft vocabulary without ``remap``, or sharing less than
+            ``min_overlap`` of the run's draft tokens; norm options
             (``norm_before_residual``, ``fc_norm``, ``norm_before_fc``, ``norm_output``, as vLLM reads them from
             the export) other than the run's.
     """
@@ -271,21 +293,26 @@ def load_pretrained(model: Eagle3Drafter, folder: Path | str, remap: bool = Fals
     if same_vocab:
         weights = {**weights, "t2d": model.t2d.cpu()}  # a peer's export may carry d2t only
     else:
+        src_head = weights["lm_head.weight"]  # [N_src, H]
+        rows = vocab_overlap(src_d2t, src_head.shape[0], model.d2t.cpu())
+        n = model.d2t.numel()
+        known = (f"the pretrained drafter at {folder} knows {len(rows)} of this run's {n} draft tokens "
+                 f"({len(rows) / n:.1%}; its own draft vocabulary has {src_head.shape[0]})")
         if not remap:
-            raise ModelError(f"pretrained drafter at {folder} uses another draft vocabulary than the data",
-                             "set train.remap_vocab=true to remap its lm_head rows")
-        n_src = weights["lm_head.weight"].shape[0]
-        src_ids = torch.arange(n_src) + (src_d2t.long() if src_d2t is not None else 0)  # target ids of src rows
-        dst_ids = torch.arange(model.d2t.numel()) + model.d2t.cpu()
-        pos = {int(t): i for i, t in enumerate(src_ids)}
-        head = model.lm_head.weight.detach().cpu().clone()
-        shared = 0
-        for i, t in enumerate(dst_ids.tolist()):
-            if t in pos:
-                head[i] = weights["lm_head.weight"][pos[t]]
-                shared += 1
+            raise ModelError(f"{known}: another draft vocabulary, and train.remap_vocab is false",
+                             "set train.remap_vocab=true to copy the lm_head rows of the shared tokens")
+        if len(rows) < min_overlap * n:
+            raise ModelError(f"{known}, below train.remap_min_overlap={min_overlap:g}: its head would start "
+                             "mostly from scratch",
+                             "pick a drafter built for this target and data, fine-tune with train.draft_vocab_size "
+                             f"= {src_head.shape[0]} (its size), or lower train.remap_min_overlap")
+        head = model.lm_head.weight.detach().cpu().clone()  # [N, H]: lm_head_init's rows for the tokens it lacks
+        for dst, src in rows.items():
+            head[dst] = src_head[src]
         weights = {**weights, "lm_head.weight": head, "d2t": model.d2t.cpu(), "t2d": model.t2d.cpu()}
-        log.info("remapped pretrained lm_head: %d of %d draft tokens shared", shared, model.d2t.numel())
+        log.warning("%s: its lm_head rows remapped to this run's draft vocabulary, the other %d rows start from "
+                    "train.lm_head_init (train.remap_vocab; refused below train.remap_min_overlap=%g)", known,
+                    n - len(rows), min_overlap)
     got = check_weights(model, weights, str(folder))
     model.load_state_dict(got, strict=False)
     log.info("initialised from pretrained %s drafter at %s", layout, folder)

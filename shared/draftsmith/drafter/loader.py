@@ -11,6 +11,7 @@ are read in process whatever the setting.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -87,28 +88,42 @@ def _ignore_stop_signals(_worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def shared_memory_workers(workers: int, batch_bytes: int, prefetch: int = 2, shm: str = "/dev/shm") -> int:
+def shared_memory_workers(workers: int, batch_bytes: int, prefetch: int = 2, shm: str = "/dev/shm",
+                          ranks: int | None = None) -> int:
     """How many of ``workers`` loader workers fit: their batches travel through shared memory (``/dev/shm``), and
     a container's is 64 MB unless it is given more (Docker's and podman's default), where a worker would fail
-    mid-run with a bus error. Returns ``workers`` when ``workers * prefetch + 1`` micro-batches of ``batch_bytes``
-    fill at most half of the free shared memory, else 0 (read in process), with a warning saying how to fix it."""
+    mid-run with a bus error.
+
+    Args:
+        batch_bytes: bytes of one micro-batch on the host.
+        ranks: training processes on this host, each with its own workers in the same ``/dev/shm``; default
+            torchrun's ``LOCAL_WORLD_SIZE`` (1 without torchrun).
+
+    Returns:
+        ``workers`` when ``ranks * (workers * prefetch + 1)`` micro-batches fill at most half of the free shared
+        memory, else 0 (read in process); then the host's first rank logs one warning with the sizes and the fix.
+    """
     import shutil
 
     if workers <= 0:
         return 0
+    ranks = ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     try:
         free = shutil.disk_usage(shm).free
     except OSError:
         free = 0
-    need = (workers * prefetch + 1) * batch_bytes
+    need = ranks * (workers * prefetch + 1) * batch_bytes
     if need <= free // 2:
         return workers
-    from draftsmith.log import get_logger
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        from draftsmith.log import get_logger
 
-    get_logger(__name__).warning(
-        "features read in the training process, not ahead: %d loader worker(s) need ~%.0f MB of shared memory "
-        "and %s has %.0f MB free; give the container more (compose: shm_size, docker run --shm-size) or set "
-        "train.loader_workers: 0", workers, need / 1e6, shm, free / 1e6)
+        get_logger(__name__).warning(
+            "READ-AHEAD OFF: %d rank(s) x %d loader worker(s) need ~%.1f GB of shared memory (twice that free) "
+            "and %s has %.1f GB free, so features are read in the training step, not ahead. Fix: the host's "
+            "/dev/shm (compose.yaml's trainer has ipc: host; docker run --ipc=host) or a larger one "
+            "(compose: shm_size, docker run --shm-size=%dg); or set train.loader_workers: 0 to read in the step "
+            "without this warning", ranks, workers, need / 1e9, shm, free / 1e9, -(-2 * need // 10**9))
     return 0
 
 

@@ -97,7 +97,8 @@ class Trainer:
         if self.tc.init_from:
             from draftsmith.drafter.load import load_pretrained
 
-            load_pretrained(self.model, self.tc.init_from, remap=self.tc.remap_vocab, rope=self.tc.init_rope)
+            load_pretrained(self.model, self.tc.init_from, remap=self.tc.remap_vocab, rope=self.tc.init_rope,
+                            min_overlap=self.tc.remap_min_overlap)
         if self.tc.freeze_lm_head:  # EAGLE-1's choice: the target's own head reads the drafter's state
             self.model.lm_head.weight.requires_grad_(False)
         self._resume_at = (0, 0, 0)  # step, epoch, micro-batch position

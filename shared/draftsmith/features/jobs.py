@@ -102,7 +102,47 @@ def get_extractor(plan: ExtractPlan, settings) -> Any:
                 settings.target.trust_remote_code,
             )
         M.EXTRACT_TARGET_LOADS.inc()
+        M.EXTRACT_TARGET_HELD.labels(plan.backend).set(1)
     return _EXTRACTORS[key]
+
+
+def release_extractors(idle_s: float = 0.0) -> int:
+    """Free every target this process holds for extraction (the backend object, its engine and, on CUDA, its
+    cached GPU memory); the next :func:`get_extractor` loads it again.
+
+    Args:
+        idle_s: seconds the worker's queue has been empty, for the log line.
+
+    Returns:
+        How many loaded targets were freed (0: none was held).
+    """
+    import gc
+
+    from draftsmith import metrics as M
+
+    held = list(_EXTRACTORS)
+    if not held:
+        return 0
+    for key in held:
+        close = getattr(_EXTRACTORS.pop(key), "close", None)
+        if close is not None:
+            close()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    for key in held:
+        M.EXTRACT_TARGET_HELD.labels(key[0]).set(0)
+        log.info("released target %s after %.0f s with an empty queue (extract.release_idle_s): its memory and GPUs "
+                 "are free; the next job loads it again (pid %d)", key[1], idle_s, os.getpid())
+    return len(held)
+
+
+def release_when_idle(after_s: float) -> None:
+    """Have this process's resident extraction workers free the target once their queue has been empty for
+    ``after_s`` seconds (``extract.release_idle_s``; 0 = keep it for the life of the worker)."""
+    from draftsmith.jobqueue.hooks import when_idle
+
+    when_idle(after_s, release_extractors)
 
 
 def finite(t: torch.Tensor) -> bool:

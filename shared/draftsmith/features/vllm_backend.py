@@ -174,6 +174,11 @@ class VLLMExtractor:
         return result
 
     def close(self) -> None:
-        """Stop the engine and remove the scratch folder."""
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        """Stop the engine (its tensor-parallel rank processes too), free its distributed state and memory so that
+        another engine can start in this process, and remove the scratch folder."""
+        self.llm.llm_engine.engine_core.shutdown()
         del self.llm
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+        shutil.rmtree(self.scratch, ignore_errors=True)

@@ -228,6 +228,33 @@ class ResidentWorker(_DraftsmithWork, SimpleWorker):
 
     forks = False
 
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        """rq's wait for the next job, running the stages' idle hooks (:func:`draftsmith.jobqueue.hooks.when_idle`)
+        once each when the queues have been empty that long: the extraction stage frees the target there."""
+        import math
+        import time
+
+        from draftsmith.jobqueue.hooks import idle_hooks, run_idle_hook
+
+        pending = idle_hooks()
+        if timeout is None or not pending:  # a burst worker ends on an empty queue: nothing to free early
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        t0 = time.monotonic()
+        while True:
+            idle = time.monotonic() - t0
+            waits = [pending[0][0] - idle] if pending else []
+            if max_idle_time is not None:
+                waits.append(max_idle_time - idle)
+            step = max(1, math.ceil(min(waits))) if waits else None  # rq counts idle time in whole seconds
+            result = super().dequeue_job_and_maintain_ttl(timeout, step)
+            if result is not None:
+                return result
+            idle = time.monotonic() - t0
+            if max_idle_time is not None and idle >= max_idle_time:
+                return None
+            while pending and idle >= pending[0][0]:
+                run_idle_hook(pending.pop(0)[1], idle)
+
     def execute_job(self, job, queue):
         """Run ``job`` here, heartbeating from a thread until it ends."""
         import threading
