@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 
-def child(runs: Path, batch_tokens: int, write_tokens: int, threads: int) -> None:
+def child(runs: Path, batch_tokens: int, write_tokens: int, threads: int, compute_dtype: str) -> None:
     """In a fresh process: load the target, extract data shard 0 of ``runs/b``; prints one ``RESULT`` JSON line."""
     import resource
     import time
@@ -42,7 +42,8 @@ def child(runs: Path, batch_tokens: int, write_tokens: int, threads: int) -> Non
 
     torch.set_num_threads(threads)
     target = embedded_dir(load_settings().target.cache_dir)
-    extract = {"batch_tokens": batch_tokens, **({"write_tokens": write_tokens} if write_tokens else {})}
+    extract = {"batch_tokens": batch_tokens, "compute_dtype": compute_dtype,
+               **({"write_tokens": write_tokens} if write_tokens else {})}
     s = load_settings(overrides={"runs_dir": str(runs), "run": "b", "target": {"path": str(target)},
                                  "extract": extract})
     plan = make_plan(s, runs / "b")
@@ -63,7 +64,7 @@ def measure(runs: Path, a) -> dict:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(a.code).resolve()), env.get("PYTHONPATH")]))
         env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave the other checkout as it was
     cmd = [sys.executable, __file__, "--child", str(runs), "--batch-tokens", str(a.batch_tokens),
-           "--write-tokens", str(0 if a.no_budget or a.code else a.write_tokens), "--threads", str(a.threads)]
+           "--write-tokens", str(0 if a.no_budget or a.code else a.write_tokens), "--threads", str(a.threads), "--compute-dtype", a.compute_dtype]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"extraction child failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-3000:]}")
@@ -79,12 +80,13 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=2048, help="extract.batch_tokens (per forward pass)")
     ap.add_argument("--write-tokens", type=int, default=4096, help="extract.write_tokens (per write)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compute-dtype", default="auto", help="extract.compute_dtype (auto: bf16 on AMX)")
     ap.add_argument("--no-budget", action="store_true", help="leave extract.write_tokens unset")
     ap.add_argument("--code", help="a checkout's shared/ folder to import draftsmith from in the children")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.child, a.batch_tokens, a.write_tokens, a.threads)
+        return child(a.child, a.batch_tokens, a.write_tokens, a.threads, a.compute_dtype)
     from draftsmith.config import load_settings
     from draftsmith.target.embedded import embedded_dir
 
@@ -102,7 +104,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     budget = "unset (whole shard)" if a.no_budget or a.code else f"{a.write_tokens} tokens"
-    print(f"hf backend on CPU, {a.threads} threads, batch_tokens {a.batch_tokens}, write budget {budget}"
+    print(f"hf backend on CPU, compute {a.compute_dtype}, {a.threads} threads, batch_tokens {a.batch_tokens}, write budget {budget}"
           + (f", code from {a.code}" if a.code else ""))
     for k, r in res.items():
         print(f"{k}x: {r['samples']} samples, {r['tokens']} tokens, {r['bytes'] / 1e6:.0f} MB of features in "
