@@ -184,6 +184,7 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  ttt_memory.py [--quick]            TTT step memory vs sequence length, blockwise vs dense (needs ~16 GiB free)"
 	@echo "  extraction.py --vllm               the vllm backend vs vLLM's own prefill (two engines it starts)"
 	@echo "  extraction_scale.py                one resident extractor worker vs extract --sync (RATIO, TARGET_LOADS)"
+	@echo "  extraction_memory.py               peak memory of a shard of 8x the samples vs 1x, same budget (~5 min)"
 	@echo "  training_store.py                  draftsmith train with the run on SeaweedFS vs a local disk (RATIO training_s3)"
 	@echo "  long_context.py [--length 8192]    build-data, extract and train on long joined conversations"
 	@echo "  peer.py --run R                    draftsmith's drafter vs speculators' on a run's data, in vLLM (~hours)"

@@ -214,6 +214,10 @@ class ExtractConfig(Section):
     )
     device: str = Field("cpu", description="Torch device of the hf backend (cpu, cuda, cuda:1, ...).")
     batch_tokens: int = Field(4096, ge=16, description="Most padded tokens per forward pass (batched by length).")
+    write_tokens: int | None = Field(
+        None, ge=16, description="Most tokens whose features are held in memory before they are written to the shard "
+        "file, and the most one call to the vllm engine gets; None = a quarter of the free memory at each shard's "
+        "start over 40 x H bytes per token (docs/extraction.md, Memory).")
     job_timeout_s: int = Field(6 * 3600, ge=10, description="rq timeout of one extraction job, in seconds.")
     disk_margin: float = Field(1.1, ge=1.0, description="Required free disk = estimated feature bytes x this.")
     vllm_port: int = Field(0, ge=0, le=65535, description="Port of the vllm backend's own server (0 = a free one).")

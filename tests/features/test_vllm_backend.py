@@ -26,9 +26,12 @@ def test_vllm_equals_hf(data_run, make_settings):
     seqs = read_data_shard(plan.data_dir, plan.shards[0])
     vx = VLLMExtractor.from_plan(plan, s)
     try:
+        assert vx.scratch.parent == data_run / "features" / ".scratch"  # the run's disk, never /tmp
         got = vx.extract(seqs)
+        assert list(vx.scratch.iterdir()) == []  # each request's file is deleted once read
     finally:
         vx.close()
+    assert not (data_run / "features" / ".scratch").exists()
     hx = HFExtractor.load(plan.target_dir, plan.layer_ids, batch_tokens=256)
     ref = hx.extract(seqs)
     w = hx.lm_head_weight()

@@ -34,6 +34,7 @@ def _extract(run_dir, make_settings, tp: int) -> dict[str, torch.Tensor]:
                         "--sync"], env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert f"tensor parallel {tp})" in p.stdout + p.stderr  # what the engine was built with, read back from it
+    assert not (run_dir / "features" / ".scratch").exists()  # the engine's scratch, in the run, gone at exit
     out = {}
     for f in sorted((run_dir / "features").glob("features-*.safetensors")):
         out.update({f"{f.stem}/{k}": v for k, v in load_file(f).items()})

@@ -19,10 +19,11 @@ from draftsmith.features.hf import HFExtractor, torch_dtype
 from draftsmith.features.plan import ExtractPlan, make_plan, read_data_shard
 from draftsmith.features.store import (
     check_compatible,
+    finish_shard,
+    open_shard,
     read_sidecar,
     rebuild_manifest,
     remove_stale_temps,
-    write_shard,
     write_status,
 )
 from draftsmith.log import get_logger
@@ -155,6 +156,8 @@ def extract_shard(plan: ExtractPlan, index: int, extractor: Any, status_dir: Pat
 
     Samples whose features hold NaN or Inf (after the cast to the stored dtype) are left out, counted in the
     sidecar's ``skipped`` and in ``draftsmith_extract_skipped_samples`` (failure mode 10, SpecForge #104).
+    Memory: the features of at most one group of ``plan.write_tokens`` tokens are held at a time
+    (:func:`draftsmith.features.writer.write_groups`); each group goes to the shard file before the next is made.
 
     Returns:
         ``{"shard", "file", "status": "done"|"skipped_existing", "samples", "skipped", "tokens", "bytes",
@@ -175,24 +178,9 @@ def extract_shard(plan: ExtractPlan, index: int, extractor: Any, status_dir: Pat
     check_compatible(plan)
     if n := remove_stale_temps(plan.features_dir, index):
         log.warning("removed %d temporary file(s) of shard %05d left by a killed job", n, index)
-    entry = plan.shards[index]
-    t0 = time.time()
-    seqs = read_data_shard(plan.data_dir, entry)
-    feats = extractor.extract(seqs)
-    store = torch_dtype(plan.dtype)
-    ids, aux, final, skipped = [], [], [], []
-    for sid, f in zip(entry["sample_ids"], feats, strict=True):
-        a, h = f.aux.to(store), f.final.to(store)  # [T, 3*H], [T, H]
-        if not (finite(a) and finite(h)):
-            log.warning("sample %s of shard %05d has NaN/Inf features: skipped", sid, index)
-            skipped.append({"id": sid, "reason": "nonfinite"})
-            M.EXTRACT_SKIPPED.labels(run, "nonfinite").inc()
-            continue
-        ids.append(sid)
-        aux.append(a)
-        final.append(h)
-    seconds = time.time() - t0
-    side = write_shard(plan, index, ids, aux, final, skipped, seconds)
+    side = _extract_into_shard(plan, index, extractor, run)
+    seconds = side["seconds"]
+    ids, skipped = side["sample_ids"], side["skipped"]
     manifest = rebuild_manifest(plan)
     snap = write_status(plan, status_dir)
     M.EXTRACT_SAMPLES.labels(run).inc(len(ids))
@@ -210,6 +198,37 @@ def extract_shard(plan: ExtractPlan, index: int, extractor: Any, status_dir: Pat
     )
     return {"shard": index, "file": side["file"], "status": "done", "samples": len(ids), "skipped": len(skipped),
             "tokens": side["tokens"], "bytes": side["bytes"], "seconds": round(seconds, 3)}
+
+
+def _extract_into_shard(plan: ExtractPlan, index: int, extractor: Any, run: str) -> dict:
+    """Extract data shard ``index`` group by group into its feature shard file; returns the sidecar
+    (:func:`draftsmith.features.store.finish_shard`)."""
+    from draftsmith import metrics as M
+    from draftsmith.features.writer import write_budget, write_groups
+
+    entry = plan.shards[index]
+    t0 = time.time()
+    seqs = read_data_shard(plan.data_dir, entry)  # token ids only: 8 bytes a token against 4 x H x 2 of features
+    lengths = [int(q.numel()) for q in seqs]
+    budget = write_budget(plan.write_tokens, plan.hidden_size, plan.batch_tokens)
+    groups = write_groups(lengths, plan.batch_tokens, budget)
+    log.debug("shard %05d: %d tokens in %d group(s) of at most %d tokens", index, sum(lengths), len(groups), budget)
+    store = torch_dtype(plan.dtype)
+    skipped: dict[int, dict] = {}
+    with open_shard(plan, index, lengths) as writer:
+        for group in groups:
+            for i, f in zip(group, extractor.extract([seqs[i] for i in group]), strict=True):
+                a, h = f.aux.to(store), f.final.to(store)  # [T, 3*H], [T, H]
+                if finite(a) and finite(h):
+                    writer.put(i, a, h)
+                    continue
+                sid = entry["sample_ids"][i]
+                log.warning("sample %s of shard %05d has NaN/Inf features: skipped", sid, index)
+                skipped[i] = {"id": sid, "reason": "nonfinite"}
+                M.EXTRACT_SKIPPED.labels(run, "nonfinite").inc()
+                writer.skip(i)
+        return finish_shard(plan, index, writer, entry["sample_ids"], [skipped[i] for i in sorted(skipped)],
+                            time.time() - t0)
 
 
 def extract_job(run_dir: str, shard: int, settings: dict) -> dict:

@@ -114,6 +114,9 @@ class ExtractPlan:
         hidden_size: H of the target; num_layers: its decoder layers.
         dtype: stored dtype; compute_dtype: dtype of the forward pass.
         shards: the data manifest's shard entries (index = feature shard index).
+        batch_tokens: padded tokens per forward pass (``extract.batch_tokens``).
+        write_tokens: tokens of features held before they are written (``extract.write_tokens``; None = from the
+            free memory, :func:`draftsmith.features.writer.write_budget`).
     """
 
     run_dir: str
@@ -129,6 +132,8 @@ class ExtractPlan:
     compute_dtype: str
     backend: str
     shards: list[dict] = field(default_factory=list)
+    batch_tokens: int = 4096
+    write_tokens: int | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -212,6 +217,8 @@ def make_plan(settings, run_dir: Path) -> ExtractPlan:
         compute_dtype=compute_dtype(settings.extract.compute_dtype, settings.extract.device),
         backend=settings.extract.backend,
         shards=list(manifest["shards"]),
+        batch_tokens=settings.extract.batch_tokens,
+        write_tokens=settings.extract.write_tokens,
     )
 
 

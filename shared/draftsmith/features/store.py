@@ -1,7 +1,8 @@
 """The feature store: safetensors shards + per-shard sidecars + ``manifest.json`` (formats.md §4), and status.
 
-Write order of one shard, each step atomic (temporary name + ``os.replace``): ``features-NNNNN.safetensors``,
-then its sidecar ``features-NNNNN.json``. A shard is done when its sidecar exists and names the file's sha256;
+Write order of one shard, each step atomic (temporary name + ``os.replace``): ``features-NNNNN.safetensors``
+(written sample by sample as features are made, :mod:`draftsmith.features.writer`), then its sidecar
+``features-NNNNN.json``. A shard is done when its sidecar exists and names the file's sha256;
 a killed job leaves at most a hidden ``.features-NNNNN.safetensors.tmp-PID`` that the next run removes.
 The manifest is rebuilt from the sidecars under a file lock, so parallel jobs never lose each other's shards.
 """
@@ -16,8 +17,6 @@ import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-
-import torch
 
 from draftsmith.artifacts import features as artifact
 from draftsmith.artifacts.features import FEATURES_SCHEMA as MANIFEST_SCHEMA  # noqa: F401 (re-exported)
@@ -83,52 +82,65 @@ def check_compatible(plan: ExtractPlan) -> None:
         )
 
 
-def write_shard(plan: ExtractPlan, index: int, sample_ids: Sequence[str], aux: Sequence[torch.Tensor],
-                final: Sequence[torch.Tensor], skipped: list[dict], seconds: float) -> dict:
-    """Write one feature shard and its sidecar atomically.
+def shard_metadata(plan: ExtractPlan) -> dict[str, str]:
+    """The safetensors ``__metadata__`` of a feature shard (formats.md §4)."""
+    return {"schema": SHARD_SCHEMA, "layer_ids": json.dumps(plan.layer_ids), "final_hidden": "post_norm",
+            "target_model": plan.target_model}
+
+
+@contextmanager
+def open_shard(plan: ExtractPlan, index: int, lengths: Sequence[int]):
+    """A :class:`~draftsmith.features.writer.ShardWriter` on shard ``index``'s temporary file (in the features
+    folder, the run's own disk); on a clean exit the caller calls :func:`finish_shard`, on any error the temporary
+    file is removed and a full disk becomes one :class:`DiskSpaceError`.
 
     Args:
-        plan: the run's plan (dtype, folder).
-        index: data shard index = feature shard index.
-        sample_ids: kept samples' ids, in shard order.
-        aux: per kept sample ``[T_s, 3*H]``; final: per kept sample ``[T_s, H]`` (already in the stored dtype).
-        skipped: ``[{"id", "reason"}]`` samples left out (e.g. non-finite features).
+        lengths: tokens of every sample of the data shard, in shard order.
+    """
+    from draftsmith.features.hf import torch_dtype
+    from draftsmith.features.writer import ShardWriter
+
+    d = plan.features_dir
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{shard_file(index)}.tmp-{os.getpid()}"
+    w = None
+    try:
+        w = ShardWriter(tmp, lengths, plan.hidden_size, torch_dtype(plan.dtype), shard_metadata(plan),
+                        len(plan.layer_ids))
+        yield w
+    except BaseException as e:  # a full disk mid-shard: nothing half-written stays, the shard is redone next run
+        if w is not None:
+            w.close()
+        tmp.unlink(missing_ok=True)
+        _raise_if_disk_full(e, d, index)
+        raise
+
+
+def finish_shard(plan: ExtractPlan, index: int, writer, sample_ids: Sequence[str], skipped: list[dict],
+                 seconds: float) -> dict:
+    """Finish the shard ``writer`` wrote (:meth:`ShardWriter.finish`), rename it into place, then write its sidecar;
+    each step atomic.
+
+    Args:
+        writer: the :class:`~draftsmith.features.writer.ShardWriter` of :func:`open_shard`, every sample written
+            or skipped.
+        sample_ids: every sample's id of the data shard, in shard order.
+        skipped: ``[{"id", "reason"}]`` samples left out (e.g. non-finite features), in shard order.
         seconds: compute time of the shard (for rates).
 
     Returns:
         The sidecar dict (file, sample_ids, lengths, sha256, bytes, tokens, skipped, seconds, ...).
     """
-    from safetensors.torch import save_file
-
     d = plan.features_dir
-    d.mkdir(parents=True, exist_ok=True)
-    lengths = [int(a.shape[0]) for a in aux]
-    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)  # [S+1]
-    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    h = plan.hidden_size
-    tensors = {
-        "aux_hidden": torch.cat(list(aux)) if aux else torch.zeros(0, 3 * h, dtype=torch.bfloat16),  # [T_total, 3*H]
-        "final_hidden": torch.cat(list(final)) if final else torch.zeros(0, h, dtype=torch.bfloat16),  # [T_total, H]
-        "offsets": offsets,
-    }
-    meta = {"schema": SHARD_SCHEMA, "layer_ids": json.dumps(plan.layer_ids), "final_hidden": "post_norm",
-            "target_model": plan.target_model}
     path = d / shard_file(index)
-    tmp = d / f".{path.name}.tmp-{os.getpid()}"
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:  # a full disk mid-shard: nothing half-written stays, the shard is redone next run
-        tmp.unlink(missing_ok=True)
-        _raise_if_disk_full(e, d, index)
-        raise
+    kept = writer.finish()
+    os.replace(writer.path, path)
+    lengths = [writer.lengths[i] for i in kept]
     side = {
         "schema": SHARD_SCHEMA,
         "file": path.name,
         "data_shard": index,
-        "sample_ids": list(sample_ids),
+        "sample_ids": [sample_ids[i] for i in kept],
         "lengths": lengths,
         "tokens": int(sum(lengths)),
         "sha256": sha256_file(path),

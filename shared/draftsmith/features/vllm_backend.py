@@ -2,7 +2,8 @@
 
 For targets too large for transformers (the seed's Kimi-K2.5 on 8 GPUs); runs on vLLM's CPU build too. Each sample
 is a prompt of its token ids with ``max_tokens=1``; the engine writes the hidden states of every prompt token to
-``<scratch>/<request>.safetensors`` through :class:`draftsmith.features.connector.DraftsmithHiddenStatesConnector`.
+``runs/<run>/features/.scratch/.../<request>.safetensors`` (:func:`scratch_dir`) through
+:class:`draftsmith.features.connector.DraftsmithHiddenStatesConnector`.
 
 Layers asked of vLLM: ``vllm_aux_ids(layer_ids) + [L]``. vLLM id ``k`` is the output of decoder layer ``k - 1``
 (:mod:`draftsmith.features.layers`), so id ``L`` is the last layer's output BEFORE the final norm; the backend
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,32 @@ def engine_configs(layer_ids: Sequence[int], num_layers: int, scratch: Path) -> 
         "kv_connector_extra_config": {"shared_storage_path": str(scratch)},
     }
     return spec, kv
+
+
+SCRATCH = ".scratch"
+
+
+def scratch_dir(plan) -> Path:
+    """The connector's output folder: ``runs/<run>/features/.scratch/vllm-<host>-<pid>``, created empty.
+
+    On the run's own disk, never ``/tmp`` (a container's root disk): the engine writes each finished request's
+    hidden states there in the compute dtype (``4 * H * 4`` bytes a token in float32) until :meth:`VLLMExtractor.extract`
+    reads them back, one write group at a time (``extract.write_tokens``). Host and pid in the name keep engines
+    of several hosts sharing a run folder apart; the folder is removed when the engine stops.
+    """
+    d = Path(plan.run_dir) / "features" / SCRATCH / f"vllm-{socket.gethostname()}-{os.getpid()}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    return d
+
+
+def remove_scratch(d: Path) -> None:
+    """Remove a :func:`scratch_dir` folder, and ``.scratch`` too once no engine has a folder in it."""
+    shutil.rmtree(d, ignore_errors=True)
+    try:
+        Path(d).parent.rmdir()
+    except OSError:  # another engine's folder is still in it, or it is gone already
+        pass
 
 
 def rank_cpu_binding(ranks: int, cpus: int) -> str:
@@ -106,8 +133,8 @@ class VLLMExtractor:
 
         cfg = target_config(Path(plan.target_dir))
         raise_on_sigterm()  # SIGTERM unwinds like Ctrl-C, so the atexit clean-up below runs (rq keeps its handlers)
-        scratch = Path(tempfile.mkdtemp(prefix="draftsmith-hs-"))
-        atexit.register(shutil.rmtree, scratch, True)  # the engine runs in this process: nothing else to stop
+        scratch = scratch_dir(plan)
+        atexit.register(remove_scratch, scratch)  # the engine runs in this process: nothing else to stop
         spec, kv = engine_configs(plan.layer_ids, plan.num_layers, scratch)
         max_len = max(max(s["lengths"]) for s in plan.shards) + 8
         t0 = time.time()
@@ -177,8 +204,8 @@ class VLLMExtractor:
         """Stop the engine (its tensor-parallel rank processes too), free its distributed state and memory so that
         another engine can start in this process, and remove the scratch folder."""
         self.llm.llm_engine.engine_core.shutdown()
+        remove_scratch(self.scratch)
         del self.llm
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         cleanup_dist_env_and_memory()
-        shutil.rmtree(self.scratch, ignore_errors=True)
