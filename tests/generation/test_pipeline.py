@@ -251,8 +251,12 @@ def test_dry_run_validates_and_enqueues_nothing(tmp_path, redis_url):
     s = make_settings(tmp_path, redis_url, f"http://127.0.0.1:{free_port()}")  # no server needed for a dry run
     lines: list[str] = []
     rep = enqueue(s, GSM8K, 5, 2, dry_run=True, say=lines.append)
-    assert lines[1:] == ["Extracted 5 unique questions", "Pending: 5 (skipping 0 already done)",
-                         "Dry run: nothing enqueued"]
+    # the derived request timeout is printed first, then the source is read and a seeded sample of it drawn
+    assert lines[0].startswith("Default generation.request_timeout_s=3600 (derived: max_tokens"), lines
+    assert lines[1] == f"Loading dataset {GSM8K}..."
+    assert lines[2] == "Extracted 5 unique questions"
+    assert lines[3].startswith("  a seeded sample (seed 0) of the source's "), lines
+    assert lines[4:] == ["Pending: 5 (skipping 0 already done)", "Dry run: nothing enqueued"]
     assert rep.jobs == [] and not (Path(s.runs_dir) / "t" / "prompts.jsonl").exists()
     assert get_queue(redis.Redis.from_url(redis_url), "dstest", "generate").count == 0
 

@@ -80,8 +80,9 @@ def reasoning_evidence(folder: Path | str) -> str | None:
     from draftsmith.target.profile import target_profile
 
     folder = Path(folder)
-    prof = target_profile(folder)
-    if prof.reasoning_parser:
+    # a tokenizer-only folder has no config.json to profile; its chat template still tells
+    prof = target_profile(folder) if (folder / "config.json").is_file() else None
+    if prof is not None and prof.reasoning_parser:
         return f"its profile ({prof.family}) names the reasoning parser {prof.reasoning_parser}"
     if THINK_MARKER in _chat_template(folder):
         return f"its chat template writes {THINK_MARKER}"
