@@ -315,3 +315,26 @@ def test_a_job_dequeued_by_a_worker_that_died_runs_within_two_minutes(tmp_path, 
         stub.close()
     assert done, out[-3000:]
     assert time.time() - t0 < 60 + 3 * MAINTENANCE_INTERVAL_S  # two maintenance passes a minute apart, and the job
+
+
+def test_a_generation_job_whose_run_settings_disagree_is_refused(tmp_path, redis_url):
+    """Another checkout enqueues the run with another temperature while a job of the first is queued: the run
+    records the new value, and the worker refuses the old job with both values, before any request."""
+    from rq.job import Job
+
+    stub = Stub()
+    src = write_prompts_source(tmp_path / "src.jsonl", [{"question": "one?"}, {"question": "two?"}])
+    a = settings_for(tmp_path, redis_url, stub.url, job_retries=0, temperature=0.0)
+    b = settings_for(tmp_path, redis_url, stub.url, job_retries=0, temperature=0.7)
+    try:
+        (jid,) = enqueue(a, str(src), None, 2, say=lambda m: None).jobs
+        assert enqueue(b, str(src), None, 2, say=lambda m: None).jobs == []  # its prompts are queued already
+        before = stub.stats()["requests"]
+        wait_pool(start_pool(a, "--burst", "--metrics-port", "0"), 120)
+        assert stub.stats()["requests"] == before
+    finally:
+        stub.close()
+    job = Job.fetch(jid, connection=redis.Redis.from_url(redis_url))
+    err = job.latest_result().exc_string
+    assert job.is_failed and "generation.temperature: job 0.0, run 0.7" in err and "draftsmith enqueue" in err
+    assert list(iter_records(Path(a.runs_dir) / "t" / "records")) == []
