@@ -150,8 +150,6 @@ class ShardWriter:
     (normally, on an error, or on rq's job timeout), so finished answers are never lost with the batch.
 
     Raises (from :meth:`flush`):
-        ConfigError: the job's run settings disagree with the run's record (both values named); nothing is
-            written and the run's finished records stay.
         DiskSpaceError: the disk is full; the answers not written are counted in the message (they are
         regenerated when the job runs again).
     """
