@@ -319,13 +319,14 @@ def test_a_job_dequeued_by_a_worker_that_died_runs_within_two_minutes(tmp_path, 
 
 def test_a_generation_job_whose_run_settings_disagree_is_refused(tmp_path, redis_url):
     """Another checkout enqueues the run with another temperature while a job of the first is queued: the run
-    records the new value, and the worker refuses the old job with both values, before any request."""
+    records the new value, and the worker refuses the old job with both values, before any request, and for good
+    (its rq retries would only repeat the refusal)."""
     from rq.job import Job
 
     stub = Stub()
     src = write_prompts_source(tmp_path / "src.jsonl", [{"question": "one?"}, {"question": "two?"}])
-    a = settings_for(tmp_path, redis_url, stub.url, job_retries=0, temperature=0.0)
-    b = settings_for(tmp_path, redis_url, stub.url, job_retries=0, temperature=0.7)
+    a = settings_for(tmp_path, redis_url, stub.url, job_retries=3, temperature=0.0)
+    b = settings_for(tmp_path, redis_url, stub.url, job_retries=3, temperature=0.7)
     try:
         (jid,) = enqueue(a, str(src), None, 2, say=lambda m: None).jobs
         assert enqueue(b, str(src), None, 2, say=lambda m: None).jobs == []  # its prompts are queued already

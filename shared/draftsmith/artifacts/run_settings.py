@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from draftsmith.artifacts.provenance import code_version, config_sha256
-from draftsmith.errors import ConfigError
+from draftsmith.errors import ConfigError, RunSettingsMismatch
 
 RUN_SETTINGS_FILE = "run-settings.json"
 RUN_SETTINGS_SCHEMA = "draftsmith.run-settings/1"
@@ -104,14 +104,14 @@ def check_job(run_root: Any, run_part: dict[str, Any], sections: tuple[str, ...]
         requeue: the command that enqueues the job again with the run's settings.
 
     Raises:
-        ConfigError: naming every disagreeing key with the job's value and the recorded one, and the fix.
+        RunSettingsMismatch: naming every disagreeing key with the job's value and the recorded one, and the fix.
     """
     doc = read_record(run_root)
     diff = disagreements(doc, run_part, sections) if doc else []
     if not diff:
         return
     keys = "; ".join(f"{k}: job {mine!r}, run {theirs!r}" for k, mine, theirs in diff)
-    raise ConfigError(
+    raise RunSettingsMismatch(
         f"{what} carries run settings that disagree with what the run recorded in {record_path(run_root)} ({keys})",
         f"the job was enqueued with other settings than the run's latest enqueue (an older enqueue, or another "
         f"checkout's config); run `{requeue}` again with the settings the run should have in its .env / config: "

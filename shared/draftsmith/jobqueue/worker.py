@@ -170,13 +170,16 @@ class _DraftsmithWork:
 
     def handle_exception(self, job, *exc_info):
         """A user-facing failure of a job (a full disk, prompts to retry) is one line; anything else keeps rq's
-        full report with its traceback."""
+        full report with its traceback. A failure marked ``retryable = False`` (a job refused for its run settings,
+        :class:`draftsmith.errors.RunSettingsMismatch`) fails for good at once, whatever retries the job has left."""
         from draftsmith.errors import DraftsmithError, TransientFailures
 
         exc = exc_info[1] if len(exc_info) > 1 else None
         if not isinstance(exc, DraftsmithError | TransientFailures):
             return super().handle_exception(job, *exc_info)
         log.error("job %s: %s: %s", job.id, type(exc).__name__, exc)
+        if not getattr(exc, "retryable", True):
+            job.retries_left = 0  # rq retries on any failure; this one would only repeat (handle_job_failure reads it)
         if isinstance(exc, DiskSpaceError):  # tell the worker (this is its work-horse) to stop taking work
             self.connection.set(self._disk_full_key, str(exc), ex=3600)
         from rq.job_lifecycle import call_exception_handlers
