@@ -40,10 +40,13 @@ def read_record(run_root: Any) -> dict[str, Any] | None:
 
     Raises:
         ConfigError: the file exists but is not a record of this schema (the message names the file).
+        StorageError: the object store of a remote run failed.
     """
+    from draftsmith.artifacts.location import is_remote, read_bytes
+
     path = record_path(run_root)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_bytes(path) if is_remote(path) else path.read_bytes())
     except FileNotFoundError:
         return None
     except ValueError as e:
