@@ -81,7 +81,7 @@ def test_the_run_s_record_refuses_a_job_that_disagrees_naming_both_values(tmp_pa
     doc = read_record(run)
     assert doc["sections"] == {"extract": {"layers": [1, 14, 26], "dtype": "bfloat16"}}
     assert doc["recorded"]["extract"]["code_version"].startswith("draftsmith")
-    assert record(run, b, ("extract",)) == ["extract.layers"]
+    assert record(run, b, ("extract",)) == ["extract.layers: [1, 14, 26] -> [2, 15, 27]"]
     with pytest.raises(ConfigError) as e:
         check_job(run, a, ("extract",), "job x", "draftsmith extract")
     assert "extract.layers: job [1, 14, 26], run [2, 15, 27]" in str(e.value)
@@ -96,3 +96,20 @@ def test_draftsmith_config_shows_each_key_s_kind():
     rows = [line for line in p.stdout.splitlines() if "extract." in line]
     assert any("extract.backend" in r and "host" in r for r in rows)
     assert not any("extract.layers" in r for r in rows)  # a run key: left out by --kind host
+
+
+def test_an_enqueue_without_its_flags_continues_the_run_as_recorded(tmp_path, monkeypatch):
+    """A resume (`draftsmith enqueue` again, no flags) takes the run keys it does not set from the record, so its
+    jobs agree with the ones still queued; a key it sets is kept (and recorded as the run's change)."""
+    from draftsmith.artifacts.run_settings import adopt_recorded, record
+
+    run = tmp_path / "runs" / "t"
+    first = load_settings(overrides={"generation": {"max_tokens": 8, "batch_size": 4}})
+    record(run, run_settings(first), ("target", "generation"))
+    resume, adopted = adopt_recorded(load_settings(), run, ("target", "generation"))
+    assert sorted(adopted) == ["generation.batch_size", "generation.max_tokens"]
+    assert (resume.generation.max_tokens, resume.generation.batch_size) == (8, 4)
+    monkeypatch.setenv("DRAFTSMITH_GENERATION__MAX_TOKENS", "16")  # set, by the environment: kept
+    changed, adopted = adopt_recorded(load_settings(), run, ("target", "generation"))
+    assert adopted == ["generation.batch_size"] and changed.generation.max_tokens == 16
+    assert adopt_recorded(first, tmp_path / "runs" / "new", ("generation",)) == (first, [])

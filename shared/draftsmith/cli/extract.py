@@ -37,6 +37,14 @@ def extract_cmd(
 
         parse_layer_ids(layers, 10**6)  # shape check only; range is checked against the target below
     s = settings(run=run, extract={"backend": backend, "layers": layer_list, "dtype": dtype})
+    from draftsmith.artifacts.location import run_location
+    from draftsmith.artifacts.run_settings import adopt_recorded
+    from draftsmith.features.queue import RUN_SECTIONS
+
+    s, adopted = adopt_recorded(s, run_location(s.runs_dir) / s.run, RUN_SECTIONS)
+    if adopted:
+        typer.echo("continuing with the run's recorded " + ", ".join(
+            f"{k}={getattr(s.extract, k.split('.')[1])!r}" for k in adopted) + " (set them to change the run)")
     if backend and not sync:
         typer.echo(f"note: --backend {backend} applies to --sync only; queued jobs run on the extraction workers' "
                    "own extract.backend (DRAFTSMITH_EXTRACT__BACKEND in their environment, EXTRACT_BACKEND in .env)",

@@ -53,7 +53,7 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     dumped = run_settings(settings)
     if changed := record(run_dir, dumped, RUN_SECTIONS):
         log.warning("the run's settings change (%s): jobs still queued with the old values will be refused",
-                    ", ".join(changed))
+                    "; ".join(changed))
     wanted = {job_id(settings.run, shard) for shard in shards}
     jobs = settle(q, keep=lambda job: job.id in wanted)
     ids = []

@@ -134,10 +134,18 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     Raises:
         SourceError, TargetUnavailable, ModelNotServed, DiskSpaceError, QueueError: see their messages.
     """
+    from draftsmith.artifacts.run_settings import adopt_recorded
     from draftsmith.jobqueue.queues import connect, get_queue
     from draftsmith.target.server import resolve_model
 
     paths = RunPaths(s.runs_dir, s.run)
+    s, adopted = adopt_recorded(s, paths.root, RUN_SECTIONS)
+    if adopted:
+        say("Continuing with the run's recorded " + ", ".join(
+            f"{k}={getattr(getattr(s, k.split('.')[0]), k.split('.')[1])!r}" for k in adopted)
+            + " (set them to change the run)")
+        if "generation.batch_size" in adopted:
+            batch_size = s.generation.batch_size
     report = EnqueueReport()
     existing = load_prompts(paths.prompts)
     client = board = None
@@ -241,7 +249,7 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
     settings_json = job_settings(s)
     if changed := record(paths.root, settings_json, RUN_SECTIONS):
         log.warning("the run's settings change (%s): jobs still queued with the old values will be refused",
-                    ", ".join(changed))
+                    "; ".join(changed))
     # rq's Retry refuses max=0: no retry object at all means "fail for good on the first failure"
     n_retries = s.generation.job_retries
     retry = Retry(max=n_retries, interval=[5, 30, 120][:n_retries]) if n_retries > 0 else None
