@@ -101,7 +101,8 @@ def test_draftsmith_config_shows_each_key_s_kind():
 def test_an_enqueue_without_its_flags_continues_the_run_as_recorded(tmp_path, monkeypatch):
     """A resume (`draftsmith enqueue` again, no flags) takes the run keys it does not set from the record, so its
     jobs agree with the ones still queued; a key it sets is kept (and recorded as the run's change)."""
-    from draftsmith.artifacts.run_settings import adopt_recorded, record
+    from draftsmith.artifacts.run_settings import record
+    from draftsmith.config import adopt_recorded
 
     run = tmp_path / "runs" / "t"
     first = load_settings(overrides={"generation": {"max_tokens": 8, "batch_size": 4}})

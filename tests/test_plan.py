@@ -133,7 +133,7 @@ def test_plan_reads_the_env_file_as_make_does(kimi, tmp_path):
 
 
 def test_the_shell_wins_over_the_env_file(tmp_path, monkeypatch):
-    from draftsmith.envfile import apply_env_file, env_file_variables, models_dir_target
+    from draftsmith.cli.plan import apply_env_file, env_file_variables, models_dir_target
 
     env = tmp_path / ".env"
     env.write_text("TRUST_REMOTE_CODE=1\nMAX_MODEL_LEN=\nDRAFTSMITH_DATA__MAX_LENGTH=32768\nTARGET_MODEL=K\n"
@@ -153,11 +153,16 @@ def test_the_shell_wins_over_the_env_file(tmp_path, monkeypatch):
 
 
 def test_the_env_file_variables_are_the_ones_compose_maps():
+    import re
     from pathlib import Path
 
-    from draftsmith.envfile import COMPOSE_VARIABLES
+    from draftsmith.cli.plan import COMPOSE_VARIABLES
 
     repo = Path(__file__).resolve().parents[1]
     compose = (repo / "compose.yaml").read_text() + (repo / "compose.gpu.yaml").read_text()
+    flags = {"DRAFTSMITH_GENERATION__CONCURRENCY": "--concurrency"}  # the generator's worker flag, not a variable
     for var, key in COMPOSE_VARIABLES.items():
-        assert f"{key}: ${{{var}" in compose, (var, key)
+        if key in flags:
+            assert re.search(rf"- {flags[key]}\s*\n\s*- \$\{{{var}\b", compose), (var, key)
+        else:
+            assert f"{key}: ${{{var}" in compose, (var, key)

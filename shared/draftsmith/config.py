@@ -33,6 +33,7 @@ from pydantic_settings import (
 )
 
 from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.run_settings import read_record
 from draftsmith.config_sections import (
     MASK,
     DataConfig,
@@ -55,8 +56,8 @@ from draftsmith.config_sections import (
 from draftsmith.errors import ConfigError
 
 __all__ = ["MASK", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
-           "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "describe_fields", "key_kinds",
-           "load_settings", "redact_url", "redacted_dump", "run_settings", "secret_value", "secrets_of",
+           "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "adopt_recorded", "describe_fields",
+           "key_kinds", "load_settings", "redact_url", "redacted_dump", "run_settings", "secret_value", "secrets_of",
            "settings_for_job", "settings_to_yaml", "with_run_settings"]
 
 PREFIX = "DRAFTSMITH_"
@@ -316,6 +317,34 @@ def with_run_settings(host: Settings, run: dict[str, Any]) -> tuple[Settings, li
         loc = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"the job carries an invalid value for '{loc}': {first['msg']}",
                           "enqueue it again with valid settings") from e
+
+
+def adopt_recorded(s: Settings, run_root: Any, sections: tuple[str, ...]) -> tuple[Settings, list[str]]:
+    """``s`` with every run key of ``sections`` that it leaves at its default
+    (no file, variable or flag sets it) taken from the run's record
+    (:mod:`draftsmith.artifacts.run_settings`): an enqueue run again without its flags (a
+    resume) continues the run as recorded. A key that is set keeps its value (the enqueue then records it).
+
+    Returns:
+        The settings, and the keys taken from the record (``["generation.max_tokens", ...]``).
+
+    Raises:
+        ConfigError: the record is unreadable.
+    """
+    doc = read_record(run_root)
+    if not doc:
+        return s, []
+    mine = run_settings(s)
+    put: dict[str, dict[str, Any]] = {}
+    for name in sections:
+        explicit = getattr(s, name).model_fields_set
+        for key, value in (doc["sections"].get(name) or {}).items():
+            if key not in explicit and mine.get(name, {}).get(key) != value:
+                put.setdefault(name, {})[key] = value
+    if not put:
+        return s, []
+    merged, _ = with_run_settings(s, put)
+    return merged, [f"{name}.{key}" for name, keys in put.items() for key in keys]
 
 
 def settings_for_job(run: dict[str, Any]) -> Settings:

@@ -57,35 +57,6 @@ def read_record(run_root: Any) -> dict[str, Any] | None:
     return doc
 
 
-def adopt_recorded(s: Any, run_root: Any, sections: tuple[str, ...]) -> tuple[Any, list[str]]:
-    """``s`` (:class:`draftsmith.config.Settings`) with every run key of ``sections`` that it leaves at its default
-    (no file, variable or flag sets it) taken from the run's record: an enqueue run again without its flags (a
-    resume) continues the run as recorded. A key that is set keeps its value (:func:`record` then records it).
-
-    Returns:
-        The settings, and the keys taken from the record (``["generation.max_tokens", ...]``).
-
-    Raises:
-        ConfigError: the record is unreadable.
-    """
-    from draftsmith.config import run_settings, with_run_settings
-
-    doc = read_record(run_root)
-    if not doc:
-        return s, []
-    mine = run_settings(s)
-    put: dict[str, dict[str, Any]] = {}
-    for name in sections:
-        explicit = getattr(s, name).model_fields_set
-        for key, value in (doc["sections"].get(name) or {}).items():
-            if key not in explicit and mine.get(name, {}).get(key) != value:
-                put.setdefault(name, {})[key] = value
-    if not put:
-        return s, []
-    merged, _ = with_run_settings(s, put)
-    return merged, [f"{name}.{key}" for name, keys in put.items() for key in keys]
-
-
 def record(run_root: Any, run_part: dict[str, Any], sections: tuple[str, ...]) -> list[str]:
     """Record ``sections`` of ``run_part`` (:func:`draftsmith.config.run_settings`) as the run's, replacing what
     those sections held and keeping the others.

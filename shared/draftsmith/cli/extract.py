@@ -38,7 +38,7 @@ def extract_cmd(
         parse_layer_ids(layers, 10**6)  # shape check only; range is checked against the target below
     s = settings(run=run, extract={"backend": backend, "layers": layer_list, "dtype": dtype})
     from draftsmith.artifacts.location import run_location
-    from draftsmith.artifacts.run_settings import adopt_recorded
+    from draftsmith.config import adopt_recorded
     from draftsmith.features.queue import RUN_SECTIONS
 
     s, adopted = adopt_recorded(s, run_location(s.runs_dir) / s.run, RUN_SECTIONS)

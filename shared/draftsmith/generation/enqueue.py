@@ -134,7 +134,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     Raises:
         SourceError, TargetUnavailable, ModelNotServed, DiskSpaceError, QueueError: see their messages.
     """
-    from draftsmith.artifacts.run_settings import adopt_recorded
+    from draftsmith.config import adopt_recorded
     from draftsmith.jobqueue.queues import connect, get_queue
     from draftsmith.target.server import resolve_model
 
