@@ -60,6 +60,9 @@ def test_the_worker_s_host_keys_win_and_the_job_s_run_keys_win(monkeypatch):
     s, ignored = with_run_settings(worker, run_settings(enqueuer))
     assert (s.extract.backend, s.extract.tensor_parallel_size) == ("vllm", 8)
     assert s.extract.layers is None and s.generation.max_tokens == 77 and ignored == []
+    # what counts as set (a target-profile default fills the rest) is the worker's own plus the job's keys
+    assert {"backend", "tensor_parallel_size", "layers", "dtype"} <= s.extract.model_fields_set
+    assert "temperature" in s.generation.model_fields_set and "concurrency" not in s.generation.model_fields_set
     # a job of an older draftsmith carries every key: its host keys are ignored, the worker's apply
     s, ignored = with_run_settings(worker, enqueuer.model_dump(mode="json"))
     assert s.extract.backend == "vllm" and "extract.backend" in ignored and "redis.url" in ignored
@@ -110,6 +113,7 @@ def test_an_enqueue_without_its_flags_continues_the_run_as_recorded(tmp_path, mo
     resume, adopted = adopt_recorded(load_settings(), run, ("target", "generation"))
     assert sorted(adopted) == ["generation.batch_size", "generation.max_tokens"]
     assert (resume.generation.max_tokens, resume.generation.batch_size) == (8, 4)
+    assert "temperature" in resume.generation.model_fields_set  # recorded: no target default replaces it
     monkeypatch.setenv("DRAFTSMITH_GENERATION__MAX_TOKENS", "16")  # set, by the environment: kept
     changed, adopted = adopt_recorded(load_settings(), run, ("target", "generation"))
     assert adopted == ["generation.batch_size"] and changed.generation.max_tokens == 16

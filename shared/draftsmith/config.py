@@ -287,7 +287,8 @@ def with_run_settings(host: Settings, run: dict[str, Any]) -> tuple[Settings, li
 
     Returns:
         The merged settings, and the host keys that ``run`` carried and that were ignored (a job enqueued by an
-        older draftsmith carries every key; the worker's own values win).
+        older draftsmith carries every key; the worker's own values win). Which keys count as set (pydantic's
+        ``model_fields_set``, what a default of the target's profile may fill) stays ``host``'s, plus those put in.
 
     Raises:
         ConfigError: ``run`` names a key the schema does not have, or holds an invalid value (the key is named).
@@ -295,6 +296,7 @@ def with_run_settings(host: Settings, run: dict[str, Any]) -> tuple[Settings, li
     kinds = key_kinds()
     merged = host.model_dump()  # python mode: secrets stay SecretStr, nothing is masked
     ignored: list[str] = []
+    given: set[str] = set()
 
     def put(tree: dict[str, Any], dst: dict[str, Any], prefix: str) -> None:
         for name, value in tree.items():
@@ -306,17 +308,26 @@ def with_run_settings(host: Settings, run: dict[str, Any]) -> tuple[Settings, li
                                   "enqueue it again from a checkout of the same draftsmith version as the worker")
             elif kinds[key] == "run":
                 dst[name] = value
+                given.add(key)
             else:
                 ignored.append(key)
 
     put(run, merged, "")
     try:
-        return Settings.model_validate(merged), ignored
+        out = Settings.model_validate(merged)
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"the job carries an invalid value for '{loc}': {first['msg']}",
                           "enqueue it again with valid settings") from e
+    # model_validate marks every key as set; keep what was set before, and the keys put in
+    out.__pydantic_fields_set__ = set(host.model_fields_set) | {k for k in given if "." not in k}
+    for name in Settings.model_fields:
+        section = getattr(out, name)
+        if isinstance(section, BaseModel):
+            section.__pydantic_fields_set__ = set(getattr(host, name).model_fields_set) | {
+                k.split(".", 1)[1] for k in given if k.startswith(f"{name}.")}
+    return out, ignored
 
 
 def adopt_recorded(s: Settings, run_root: Any, sections: tuple[str, ...]) -> tuple[Settings, list[str]]:
@@ -326,7 +337,8 @@ def adopt_recorded(s: Settings, run_root: Any, sections: tuple[str, ...]) -> tup
     resume) continues the run as recorded. A key that is set keeps its value (the enqueue then records it).
 
     Returns:
-        The settings, and the keys taken from the record (``["generation.max_tokens", ...]``).
+        The settings, and the keys whose value the record changed (``["generation.max_tokens", ...]``); the
+        others it took count as set too, so that no default of the target's profile replaces them.
 
     Raises:
         ConfigError: the record is unreadable.
@@ -339,12 +351,13 @@ def adopt_recorded(s: Settings, run_root: Any, sections: tuple[str, ...]) -> tup
     for name in sections:
         explicit = getattr(s, name).model_fields_set
         for key, value in (doc["sections"].get(name) or {}).items():
-            if key not in explicit and mine.get(name, {}).get(key) != value:
+            if key not in explicit:  # equal ones too: taken from the record, no default of the target replaces them
                 put.setdefault(name, {})[key] = value
     if not put:
         return s, []
     merged, _ = with_run_settings(s, put)
-    return merged, [f"{name}.{key}" for name, keys in put.items() for key in keys]
+    return merged, [f"{name}.{key}" for name, keys in put.items() for key, value in keys.items()
+                    if mine.get(name, {}).get(key) != value]
 
 
 def settings_for_job(run: dict[str, Any]) -> Settings:
