@@ -34,6 +34,8 @@ UP_ARGS ?=
 # extra compose profiles `make up` starts beside the engine's: s3 (the object store, docs/gpu-host.md)
 PROFILES ?=
 # extra settings of a one-off job, as DRAFTSMITH_* variables: JOB_ENV='-e DRAFTSMITH_TRAIN__MAX_STEPS=20'
+# (on enqueue and extract it reaches the enqueuing command: run keys, which the queued jobs carry; the workers'
+# host keys are their services' own environment, docs/configuration.md)
 JOB_ENV ?=
 MAX_TOKENS ?=
 BATCH ?=

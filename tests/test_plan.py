@@ -43,13 +43,20 @@ def kimi(tmp_path):
     return folder
 
 
-def plan(folder, tmp_path, *args, **env):
+def plan(folder, tmp_path, *args, cwd=None, **env):
+    """``draftsmith plan`` for ``folder`` (None: the target that .env names) in ``cwd`` (default: an empty folder, so
+    that no .env of the checkout is read)."""
     e = {"DRAFTSMITH_RUNS_DIR": str(tmp_path / "runs"), **env}
     import os
 
-    p = subprocess.run([sys.executable, "-m", "draftsmith", "plan", "--target", str(folder), "--gpus", "8",
+    if cwd is None:
+        cwd = tmp_path / "cwd"
+        cwd.mkdir(exist_ok=True)
+    target = ["--target", str(folder)] if folder else []
+    base = {k: v for k, v in os.environ.items() if k != "ENV_FILE"}
+    p = subprocess.run([sys.executable, "-m", "draftsmith", "plan", *target, "--gpus", "8",
                         "--gpu-memory-gb", "96", "--disk-free-gb", "20000", *args],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, **e})
+                       capture_output=True, text=True, timeout=300, env={**base, **e}, cwd=cwd)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -132,3 +139,56 @@ def test_concurrency_over_what_the_kv_cache_holds_is_a_problem(kimi, tmp_path):
     kv = next(x for x in plan_job(s, kimi, Host(16, 96.0, 1e6), Job(10000, 300, 8000)).lines
               if x.startswith("KV cache:"))
     assert "49.2 GB per GPU" in kv and "84 sequences of 8300" in kv, kv
+
+
+def test_plan_reads_the_env_file_as_make_does(kimi, tmp_path):
+    """The seed's settings where the runbook puts them, in .env (the compose variables and DRAFTSMITH_* lines), the
+    target named there too: `draftsmith plan` in that folder finds no problem; the shell's value wins over the file."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / ".env").write_text(
+        f"TARGET_MODEL=Kimi-K2.5\nMODELS_DIR={kimi.parent}\nTRUST_REMOTE_CODE=1\nMAX_MODEL_LEN=65536\n"
+        "EXTRACT_GPUS=8\nGENERATOR_CONCURRENCY=20\nREDIS_PASSWORD=\nDRAFTSMITH_GENERATION__MAX_TOKENS=32768\n"
+        "DRAFTSMITH_DATA__MAX_LENGTH=32768\nDRAFTSMITH_DATA__DRAFT_VOCAB_SIZE=32000\n"
+        "DRAFTSMITH_TRAIN__BATCH_TOKENS=32768\n")
+    args = ("--prompts", "10000", "--prompt-tokens", "300", "--answer-tokens", "8000")
+    rc, out, err = plan(None, tmp_path, *args, cwd=host)
+    assert rc == 0 and "no problem found" in out, out + err
+    assert "settings from .env: DRAFTSMITH_DATA__DRAFT_VOCAB_SIZE, DRAFTSMITH_DATA__MAX_LENGTH" in out
+    assert "DRAFTSMITH_TARGET__TRUST_REMOTE_CODE" in out and "Kimi-K2.5, hidden 7168" in out
+
+
+def test_the_shell_wins_over_the_env_file(tmp_path, monkeypatch):
+    from draftsmith.cli.plan import apply_env_file, env_file_variables, models_dir_target
+
+    env = tmp_path / ".env"
+    env.write_text("TRUST_REMOTE_CODE=1\nMAX_MODEL_LEN=\nDRAFTSMITH_DATA__MAX_LENGTH=32768\nTARGET_MODEL=K\n"
+                   "GRAFANA_PORT=3000\n")
+    assert env_file_variables(env) == {"DRAFTSMITH_TARGET__TRUST_REMOTE_CODE": "1",
+                                       "DRAFTSMITH_DATA__MAX_LENGTH": "32768"}  # empty and non-config: left out
+    monkeypatch.setenv("DRAFTSMITH_DATA__MAX_LENGTH", "2048")
+    monkeypatch.delenv("DRAFTSMITH_TARGET__TRUST_REMOTE_CODE", raising=False)
+    monkeypatch.delenv("TARGET_MODEL", raising=False)
+    monkeypatch.delenv("MODELS_DIR", raising=False)
+    assert apply_env_file(env) == {"DRAFTSMITH_TARGET__TRUST_REMOTE_CODE": "1"}
+    import os
+
+    assert os.environ["DRAFTSMITH_DATA__MAX_LENGTH"] == "2048"
+    assert models_dir_target(env) == tmp_path / "models" / "K"
+    assert env_file_variables(tmp_path / "missing.env") == {} and models_dir_target(tmp_path / "missing") is None
+
+
+def test_the_env_file_variables_are_the_ones_compose_maps():
+    import re
+    from pathlib import Path
+
+    from draftsmith.cli.plan import COMPOSE_VARIABLES
+
+    repo = Path(__file__).resolve().parents[1]
+    compose = (repo / "compose.yaml").read_text() + (repo / "compose.gpu.yaml").read_text()
+    flags = {"DRAFTSMITH_GENERATION__CONCURRENCY": "--concurrency"}  # the generator's worker flag, not a variable
+    for var, key in COMPOSE_VARIABLES.items():
+        if key in flags:
+            assert re.search(rf"- {flags[key]}\s*\n\s*- \$\{{{var}\b", compose), (var, key)
+        else:
+            assert f"{key}: ${{{var}" in compose, (var, key)

@@ -7,6 +7,11 @@ The order is pydantic-settings' own (:meth:`Settings.settings_customise_sources`
 source, the YAML source, merged section by section). Every field has a default and a one-line doc; unknown keys
 are rejected (``extra="forbid"``; a ``DRAFTSMITH_*`` variable that names no field too) and the whole config is
 validated before any model, dataset or server is touched. The sections are in :mod:`draftsmith.config_sections`.
+
+Every key is of one of two kinds, marked in the schema (:func:`draftsmith.config_sections.key_kind`): ``run``
+keys say what the run is and travel with its queued jobs (:func:`run_settings`); ``host`` keys say how a host or
+service does the work and come from that service's own environment (:func:`settings_for_job` merges the two in a
+worker). ``draftsmith config`` prints each key's kind.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from pydantic_settings import (
 )
 
 from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.run_settings import read_record
+from draftsmith.config_kinds import Host, Kind, Run, Section, key_kind
 from draftsmith.config_sections import (
     MASK,
     DataConfig,
@@ -37,7 +44,6 @@ from draftsmith.config_sections import (
     GenerationConfig,
     MetricsConfig,
     RedisConfig,
-    Section,
     TargetConfig,
     TrainConfig,
     redact_url,
@@ -46,8 +52,9 @@ from draftsmith.config_sections import (
 from draftsmith.errors import ConfigError
 
 __all__ = ["MASK", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
-           "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "describe_fields", "load_settings",
-           "redact_url", "redacted_dump", "secret_value", "secrets_of", "settings_to_yaml"]
+           "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "adopt_recorded", "describe_fields",
+           "key_kinds", "load_settings", "redact_url", "redacted_dump", "run_settings", "secret_value", "secrets_of",
+           "settings_for_job", "settings_to_yaml", "with_run_settings"]
 
 PREFIX = "DRAFTSMITH_"
 CONFIG_FILE_VARIABLE = "DRAFTSMITH_CONFIG"  # the loader's own: where the YAML file is, not a key of it
@@ -88,15 +95,15 @@ class Settings(BaseSettings):
         validate_assignment=True,
     )
 
-    runs_dir: RunsLocation = Field(
+    runs_dir: RunsLocation = Host(
         Path("runs"), description="Folder that holds every run: a local path, or an object-store URL (s3://bucket/runs; "
         "credentials from the AWS_* variables) that workers on any machine share.")
-    run: str = Field("default", description="Run name: everything lands under <runs_dir>/<run>/.")
-    stage_dir: Path = Field(
+    run: str = Run("default", description="Run name: everything lands under <runs_dir>/<run>/.")
+    stage_dir: Path = Host(
         Path("~/.cache/draftsmith/stage"), description="Local working copies of runs on an object store: the "
         "stages after generation compute here and push their results to the store (draftsmith/staging.py).")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
-    prompts_dir: Path = Field(
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Host("INFO", description="Log level.")
+    prompts_dir: Path = Host(
         Path("data/prompts"), description="Folder of the bundled prompt pools that `demo` enqueues and `target "
         "make-tiny-mla` trains on; a relative path is read from the working directory (the checkout for `make`).",
     )
@@ -238,3 +245,130 @@ def describe_fields(model: type[BaseModel] = Settings, prefix: str = "") -> list
             default = field.get_default(call_default_factory=True)
             rows.append((f"{prefix}{name}", repr(default), field.description or ""))
     return rows
+
+
+def _leaves(model: type[BaseModel], prefix: str = ""):
+    """``(dotted key, section model, field name)`` of every leaf key under ``model``."""
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from _leaves(ann, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", model, name
+
+
+def key_kinds() -> dict[str, Kind]:
+    """Every config key with its kind: ``{"extract.backend": "host", "extract.layers": "run", ...}``."""
+    return {key: key_kind(model, name) for key, model, name in _leaves(Settings)}
+
+
+def run_settings(settings: Settings) -> dict[str, Any]:
+    """The run's part of ``settings`` as JSON, nested as the schema (``{"run": "t", "extract": {"layers": ...},
+    ...}``): what a queued job carries. No host key is in it, so no secret and no path of the enqueuing host."""
+    dumped = settings.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for key, kind in key_kinds().items():
+        if kind != "run":
+            continue
+        *section, name = key.split(".")
+        src, dst = dumped, out
+        for part in section:
+            src, dst = src[part], dst.setdefault(part, {})
+        dst[name] = src[name]
+    return out
+
+
+def with_run_settings(host: Settings, run: dict[str, Any]) -> tuple[Settings, list[str]]:
+    """``host`` (a worker's own settings) with the run keys of ``run`` (a job's :func:`run_settings`) put in.
+
+    Returns:
+        The merged settings, and the host keys that ``run`` carried and that were ignored (a job enqueued by an
+        older draftsmith carries every key; the worker's own values win). Which keys count as set (pydantic's
+        ``model_fields_set``, what a default of the target's profile may fill) stays ``host``'s, plus those put in.
+
+    Raises:
+        ConfigError: ``run`` names a key the schema does not have, or holds an invalid value (the key is named).
+    """
+    kinds = key_kinds()
+    merged = host.model_dump()  # python mode: secrets stay SecretStr, nothing is masked
+    ignored: list[str] = []
+    given: set[str] = set()
+
+    def put(tree: dict[str, Any], dst: dict[str, Any], prefix: str) -> None:
+        for name, value in tree.items():
+            key = f"{prefix}{name}"
+            if isinstance(value, dict) and isinstance(dst.get(name), dict) and key not in kinds:
+                put(value, dst[name], f"{key}.")
+            elif key not in kinds:
+                raise ConfigError(f"the job carries unknown config key '{key}'",
+                                  "enqueue it again from a checkout of the same draftsmith version as the worker")
+            elif kinds[key] == "run":
+                dst[name] = value
+                given.add(key)
+            else:
+                ignored.append(key)
+
+    put(run, merged, "")
+    try:
+        out = Settings.model_validate(merged)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"the job carries an invalid value for '{loc}': {first['msg']}",
+                          "enqueue it again with valid settings") from e
+    # model_validate marks every key as set; keep what was set before, and the keys put in
+    out.__pydantic_fields_set__ = set(host.model_fields_set) | {k for k in given if "." not in k}
+    for name in Settings.model_fields:
+        section = getattr(out, name)
+        if isinstance(section, BaseModel):
+            section.__pydantic_fields_set__ = set(getattr(host, name).model_fields_set) | {
+                k.split(".", 1)[1] for k in given if k.startswith(f"{name}.")}
+    return out, ignored
+
+
+def adopt_recorded(s: Settings, run_root: Any, sections: tuple[str, ...]) -> tuple[Settings, list[str]]:
+    """``s`` with every run key of ``sections`` that it leaves at its default
+    (no file, variable or flag sets it) taken from the run's record
+    (:mod:`draftsmith.artifacts.run_settings`): an enqueue run again without its flags (a
+    resume) continues the run as recorded. A key that is set keeps its value (the enqueue then records it).
+
+    Returns:
+        The settings, and the keys whose value the record changed (``["generation.max_tokens", ...]``); the
+        others it took count as set too, so that no default of the target's profile replaces them.
+
+    Raises:
+        ConfigError: the record is unreadable.
+    """
+    doc = read_record(run_root)
+    if not doc:
+        return s, []
+    mine = run_settings(s)
+    put: dict[str, dict[str, Any]] = {}
+    for name in sections:
+        explicit = getattr(s, name).model_fields_set
+        for key, value in (doc["sections"].get(name) or {}).items():
+            if key not in explicit:  # equal ones too: taken from the record, no default of the target replaces them
+                put.setdefault(name, {})[key] = value
+    if not put:
+        return s, []
+    merged, _ = with_run_settings(s, put)
+    return merged, [f"{name}.{key}" for name, keys in put.items() for key, value in keys.items()
+                    if mine.get(name, {}).get(key) != value]
+
+
+def settings_for_job(run: dict[str, Any]) -> Settings:
+    """A worker's settings for one job: its own (environment, ``$DRAFTSMITH_CONFIG``; :func:`load_settings`) with
+    the job's run keys put in (:func:`with_run_settings`). The service that runs the job says how (backend, device,
+    GPUs, URLs, paths); the job says what.
+
+    Raises:
+        ConfigError: the worker's own settings or the job's run keys are invalid.
+    """
+    from draftsmith.log import get_logger
+
+    s, ignored = with_run_settings(load_settings(), run)
+    if ignored:
+        get_logger(__name__).warning(
+            "the job carries host settings (%s); this worker's own apply (a job carries only the run's part)",
+            ", ".join(ignored[:8]) + (" ..." if len(ignored) > 8 else ""))
+    return s

@@ -28,6 +28,13 @@ class ConfigError(DraftsmithError):
     """The configuration (YAML file, environment or flags) is invalid."""
 
 
+class RunSettingsMismatch(ConfigError):
+    """A queued job's run settings disagree with what its run recorded. Running it again cannot help, so the worker
+    fails it for good at once (``retryable``), whatever retries it was enqueued with."""
+
+    retryable = False
+
+
 class SourceError(DraftsmithError):
     """A prompt source cannot be read or holds no usable prompt."""
 

@@ -43,10 +43,14 @@ def local_features(data_run, make_settings, redis_url) -> dict[int, dict[str, to
 
     s = make_settings(data_run)
     s = s.model_copy(update={"redis": s.redis.model_copy(update={"url": redis_url, "prefix": "dslocal"})})
+    from unittest import mock
+
     enqueue_shards(s, str(data_run), [0, 1])
     conn = redis.Redis.from_url(redis_url)
-    SimpleWorker([Queue("dslocal:extract", connection=conn, serializer=JSONSerializer)], connection=conn,
-                 serializer=JSONSerializer).work(burst=True)
+    # the worker's own batch budget, the same as the store hosts' (cli): a job carries only the run's settings
+    with mock.patch.dict(os.environ, {"DRAFTSMITH_EXTRACT__BATCH_TOKENS": "256"}):
+        SimpleWorker([Queue("dslocal:extract", connection=conn, serializer=JSONSerializer)], connection=conn,
+                     serializer=JSONSerializer).work(burst=True)
     return {i: load_file(str(data_run / "features" / f"features-{i:05d}.safetensors")) for i in (0, 1)}
 
 

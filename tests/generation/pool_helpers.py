@@ -46,11 +46,22 @@ def settings_for(tmp_path: Path, redis_url: str, url: str, **gen):
     })
 
 
+def host_env(s) -> dict[str, str]:
+    """``DRAFTSMITH_*`` variables of the generation host keys of ``s`` that differ from the defaults: a worker
+    takes its host settings (timeouts, retries, concurrency, hand-off) from its environment, never from a job."""
+    from draftsmith.config import Settings, key_kinds
+
+    default = Settings.model_validate({}).generation
+    return {f"DRAFTSMITH_GENERATION__{k.split('.')[1].upper()}": str(getattr(s.generation, k.split(".")[1]))
+            for k, kind in key_kinds().items() if kind == "host" and k.startswith("generation.")
+            and getattr(s.generation, k.split(".")[1]) != getattr(default, k.split(".")[1])}
+
+
 def env_for(s, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"DRAFTSMITH_REDIS__URL": s.redis.url, "DRAFTSMITH_REDIS__PREFIX": s.redis.prefix,
                 "DRAFTSMITH_RUNS_DIR": str(s.runs_dir), "DRAFTSMITH_TARGET__URL": s.target.url,
-                "DRAFTSMITH_GENERATION__MIN_FREE_DISK_GB": "0", **extra})
+                "DRAFTSMITH_GENERATION__MIN_FREE_DISK_GB": "0", **host_env(s), **extra})
     return env
 
 

@@ -18,15 +18,17 @@ from pathlib import Path
 import draftsmith.generation.jobs, draftsmith.metrics  # what the pool loads before it forks (run_pool)
 from draftsmith.generation.client import warm_http
 warm_http()
-from draftsmith.config import load_settings
+import os
+from draftsmith.config import load_settings, run_settings
 from draftsmith.generation.jobs import generate_job
 url, redis_url = sys.argv[1], sys.argv[2]
+os.environ["DRAFTSMITH_TARGET__URL"] = url  # the worker's own: a job carries the run's settings only
 root = Path(tempfile.mkdtemp())
 (root / "prompts.jsonl").write_text("".join(
     json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]}) + "\n" for i in range(4)))
 s = load_settings(None, {"redis": {"url": redis_url, "prefix": "dstest"}, "target": {"url": url, "model": "stub"}})
 before = set(sys.modules)
-out = generate_job(str(root), "j", [f"p{i}" for i in range(4)], "stub", s.model_dump(mode="json"))
+out = generate_job(str(root), "j", [f"p{i}" for i in range(4)], "stub", run_settings(s))
 print(json.dumps({"written": out["written"], "torch": "torch" in sys.modules,
                   "new": sorted(m for m in set(sys.modules) - before if not m.startswith("encodings"))}))
 """

@@ -35,7 +35,7 @@ from draftsmith.generation.enqueue import enqueue
 from draftsmith.generation.store import iter_records, record_tally
 from draftsmith.jobqueue.inflight import InflightCap
 from draftsmith.paths import RunPaths
-from pool_helpers import Stub, pool_output, settings_for, stop_pool, wait_for, wait_pool
+from pool_helpers import Stub, host_env, pool_output, settings_for, stop_pool, wait_for, wait_pool
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = str(REPO / "data" / "prompts" / "gsm8k_train.jsonl")
@@ -74,7 +74,7 @@ def start_host(s, *args: str, env: dict[str, str], spend_pids: bool = False) -> 
     full.update({"DRAFTSMITH_REDIS__URL": s.redis.url, "DRAFTSMITH_REDIS__PREFIX": s.redis.prefix,
                  "DRAFTSMITH_RUNS_DIR": str(s.runs_dir), "DRAFTSMITH_RUN": s.run, "DRAFTSMITH_STAGE_DIR": "/tmp/stage",
                  "DRAFTSMITH_TARGET__URL": s.target.url, "DRAFTSMITH_GENERATION__MIN_FREE_DISK_GB": "0",
-                 "DRAFTSMITH_METRICS__PORT": "0", "PYTHONPATH": str(REPO / "shared"), **env})
+                 "DRAFTSMITH_METRICS__PORT": "0", "PYTHONPATH": str(REPO / "shared"), **host_env(s), **env})
     log = tempfile.TemporaryFile(mode="w+", prefix="draftsmith-host-")
     p = subprocess.Popen(["unshare", "--kill-child", "-m", "-p", "-f", "--mount-proc", "sh", "-c", inner], env=full,
                          stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)

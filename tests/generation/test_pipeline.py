@@ -27,7 +27,7 @@ from draftsmith.generation.progress import snapshot
 from draftsmith.generation.store import done_ids, iter_records
 from draftsmith.jobqueue.queues import get_queue
 from draftsmith.target.server import free_port
-from pool_helpers import pool_output
+from pool_helpers import host_env, pool_output
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = str(REPO / "data" / "prompts" / "gsm8k_train.jsonl")
@@ -46,7 +46,7 @@ def make_settings(tmp_path: Path, redis_url: str, url: str, **gen):
 def env_for(s) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"DRAFTSMITH_REDIS__URL": s.redis.url, "DRAFTSMITH_REDIS__PREFIX": s.redis.prefix,
-                "DRAFTSMITH_RUNS_DIR": str(s.runs_dir), "DRAFTSMITH_TARGET__URL": s.target.url})
+                "DRAFTSMITH_RUNS_DIR": str(s.runs_dir), "DRAFTSMITH_TARGET__URL": s.target.url, **host_env(s)})
     return env
 
 

@@ -161,9 +161,10 @@ def test_no_secret_travels_in_job_kwargs_and_the_worker_uses_its_own(tmp_path, r
     stub = Stub()
     s = settings_for(tmp_path, redis_url, stub.url)
     s.target.api_key = "sk-very-secret-key"
-    redacted = job_settings(s.model_copy(update={"redis": s.redis.model_copy(
+    carried = job_settings(s.model_copy(update={"redis": s.redis.model_copy(
         update={"url": "redis://:hunter2pass@10.0.0.5:6380/3"})}))
-    assert redacted["redis"]["url"] == "redis://10.0.0.5:6380/3" and redacted["target"]["api_key"] is None
+    # the job carries the run's part only: no Redis, no target URL or key (the worker's own apply)
+    assert "redis" not in carried and carried["target"] == {"model": "stub"}
     try:
         enqueue(s, str(Path(__file__).parents[2] / "data" / "prompts" / "gsm8k_train.jsonl"), 2, 2,
                 say=lambda m: None)
@@ -171,7 +172,7 @@ def test_no_secret_travels_in_job_kwargs_and_the_worker_uses_its_own(tmp_path, r
         datas = [zlib.decompress(r.hget(k, "data")) for k in r.keys("rq:job:*")
                  if r.type(k) == b"hash" and r.hexists(k, "data")]
         assert len(datas) == 1 and b'"prompt_ids"' in datas[0]
-        assert b"sk-very-secret-key" not in datas[0] and b'"api_key": null' in datas[0]
+        assert b"sk-very-secret-key" not in datas[0] and b"api_key" not in datas[0]
         p = start_pool(s, "--burst", "--metrics-port", "0", DRAFTSMITH_TARGET__API_KEY="sk-very-secret-key")
         wait_pool(p, 120)
         assert stub.stats()["auth"] == "Bearer sk-very-secret-key"
@@ -314,3 +315,27 @@ def test_a_job_dequeued_by_a_worker_that_died_runs_within_two_minutes(tmp_path, 
         stub.close()
     assert done, out[-3000:]
     assert time.time() - t0 < 60 + 3 * MAINTENANCE_INTERVAL_S  # two maintenance passes a minute apart, and the job
+
+
+def test_a_generation_job_whose_run_settings_disagree_is_refused(tmp_path, redis_url):
+    """Another checkout enqueues the run with another temperature while a job of the first is queued: the run
+    records the new value, and the worker refuses the old job with both values, before any request, and for good
+    (its rq retries would only repeat the refusal)."""
+    from rq.job import Job
+
+    stub = Stub()
+    src = write_prompts_source(tmp_path / "src.jsonl", [{"question": "one?"}, {"question": "two?"}])
+    a = settings_for(tmp_path, redis_url, stub.url, job_retries=3, temperature=0.0)
+    b = settings_for(tmp_path, redis_url, stub.url, job_retries=3, temperature=0.7)
+    try:
+        (jid,) = enqueue(a, str(src), None, 2, say=lambda m: None).jobs
+        assert enqueue(b, str(src), None, 2, say=lambda m: None).jobs == []  # its prompts are queued already
+        before = stub.stats()["requests"]
+        wait_pool(start_pool(a, "--burst", "--metrics-port", "0"), 120)
+        assert stub.stats()["requests"] == before
+    finally:
+        stub.close()
+    job = Job.fetch(jid, connection=redis.Redis.from_url(redis_url))
+    err = job.latest_result().exc_string
+    assert job.is_failed and "generation.temperature: job 0.0, run 0.7" in err and "draftsmith enqueue" in err
+    assert list(iter_records(Path(a.runs_dir) / "t" / "records")) == []

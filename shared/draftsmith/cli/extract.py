@@ -21,7 +21,10 @@ def extract_cmd(
     sync: bool = typer.Option(False, "--sync", help="Run the jobs in this process, without Redis."),
     dtype: str | None = setting_option("extract.dtype", "--dtype"),
 ) -> None:
-    """Extract aux and final hidden states of every data shard (resumes: finished shards are skipped)."""
+    """Extract aux and final hidden states of every data shard (resumes: finished shards are skipped).
+
+    Queued (without --sync), the jobs carry the run's settings only (layers, stored dtype); the extraction workers
+    use their own backend, device and tensor/expert parallel settings (docs/configuration.md)."""
     from draftsmith.features.plan import check_disk, make_plan
     from draftsmith.features.store import check_compatible, read_sidecar, write_status
     from draftsmith.log import get_logger
@@ -34,6 +37,18 @@ def extract_cmd(
 
         parse_layer_ids(layers, 10**6)  # shape check only; range is checked against the target below
     s = settings(run=run, extract={"backend": backend, "layers": layer_list, "dtype": dtype})
+    from draftsmith.artifacts.location import run_location
+    from draftsmith.config import adopt_recorded
+    from draftsmith.features.queue import RUN_SECTIONS
+
+    s, adopted = adopt_recorded(s, run_location(s.runs_dir) / s.run, RUN_SECTIONS)
+    if adopted:
+        typer.echo("continuing with the run's recorded " + ", ".join(
+            f"{k}={getattr(s.extract, k.split('.')[1])!r}" for k in adopted) + " (set them to change the run)")
+    if backend and not sync:
+        typer.echo(f"note: --backend {backend} applies to --sync only; queued jobs run on the extraction workers' "
+                   "own extract.backend (DRAFTSMITH_EXTRACT__BACKEND in their environment, EXTRACT_BACKEND in .env)",
+                   err=True)
     from draftsmith.artifacts.location import is_remote
 
     if is_remote(s.runs_dir):
@@ -47,7 +62,7 @@ def extract_cmd(
     need, free = check_disk(plan, pending, s.extract.disk_margin)
     log.info(
         "extract %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done)",
-        run, plan.backend, plan.layer_ids, [i + 1 for i in plan.layer_ids], len(pending), len(plan.shards),
+        run, plan.backend if sync else "of each worker", plan.layer_ids, [i + 1 for i in plan.layer_ids], len(pending), len(plan.shards),
         len(plan.shards) - len(pending),
     )
     typer.echo(f"feature store: {need / 1e9:.2f} GB to write ({plan.bytes_per_token():,} B/token x "

@@ -231,6 +231,36 @@ def _extract_into_shard(plan: ExtractPlan, index: int, extractor: Any, run: str)
                             time.time() - t0)
 
 
+def job_settings(run_dir: str, settings: dict, what: str):
+    """The settings an extraction job runs with: this worker's own (backend, device, parallelism, paths) with the
+    run keys the job carries put in (:func:`draftsmith.config.settings_for_job`), after checking those against the
+    run's record.
+
+    Raises:
+        ConfigError: the job's run settings disagree with the run's record (both values named), or are invalid.
+    """
+    from draftsmith.artifacts.run_settings import check_job
+    from draftsmith.config import run_settings, settings_for_job
+    from draftsmith.features.queue import RUN_SECTIONS
+
+    s = settings_for_job(settings)
+    check_job(run_dir, run_settings(s), RUN_SECTIONS, what, "draftsmith extract")
+    x = s.extract
+    log.info("%s: run settings from the job; this worker's backend %s, device %s, tensor parallel %d, expert "
+             "parallel %s, batch_tokens %d", what, x.backend, x.device, x.tensor_parallel_size,
+             x.enable_expert_parallel, x.batch_tokens)
+    return s
+
+
+def host_of(s) -> dict[str, Any]:
+    """The host settings an extraction ran with, for its job result: ``{"backend", "device", "compute_dtype",
+    "tensor_parallel_size", "enable_expert_parallel", "batch_tokens", "write_tokens"}``."""
+    x = s.extract
+    return {"backend": x.backend, "device": x.device, "compute_dtype": x.compute_dtype,
+            "tensor_parallel_size": x.tensor_parallel_size, "enable_expert_parallel": x.enable_expert_parallel,
+            "batch_tokens": x.batch_tokens, "write_tokens": x.write_tokens}
+
+
 def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
     """rq entry point: extract data shard ``shard`` of the run at ``run_dir``.
 
@@ -238,18 +268,21 @@ def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
         run_dir: ``runs/<run>`` (a path; the job carries no tensors). A run on an object store has a job of its
             own, :func:`draftsmith.features.on_store.extract_store_job`.
         shard: data shard index.
-        settings: ``Settings.model_dump(mode="json")`` of the enqueuing command.
+        settings: the run's settings (:func:`draftsmith.config.run_settings`) of the enqueuing command; the host's
+            come from this worker (:func:`job_settings`).
 
     Returns:
-        The JSON-serialisable result of :func:`extract_shard`.
+        The JSON-serialisable result of :func:`extract_shard`, with ``"host"``: the host settings it ran with
+        (:func:`host_of`).
 
     Raises:
-        ConfigError / DataError / ModelError: the inputs became invalid since enqueueing (rq records the failure).
+        ConfigError: the job's run settings disagree with the run's record; nothing is written (rq records the
+            failure, the run's finished shards stay).
+        DataError / ModelError: the inputs became invalid since enqueueing (rq records the failure).
     """
-    from draftsmith.config import Settings
     from draftsmith.log import setup_logging
 
-    s = Settings.model_validate(settings)
+    s = job_settings(run_dir, settings, f"extraction job of shard {shard}")
     setup_logging(s.log_level)
     plan = make_plan(s, Path(run_dir))
     if not 0 <= shard < len(plan.shards):
@@ -257,5 +290,5 @@ def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
 
         raise DataError(f"shard {shard} does not exist: the data has {len(plan.shards)} shards", "re-enqueue")
     if read_sidecar(plan.features_dir, shard) is not None:
-        return extract_shard(plan, shard, extractor=None)
-    return extract_shard(plan, shard, get_extractor(plan, s))
+        return {**extract_shard(plan, shard, extractor=None), "host": host_of(s)}
+    return {**extract_shard(plan, shard, get_extractor(plan, s)), "host": host_of(s)}

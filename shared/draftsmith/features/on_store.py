@@ -129,15 +129,17 @@ def extract_store_shard(s, run_url: str, index: int) -> dict:
 
 
 def extract_store_job(run_url: str, shard: int, settings: dict) -> dict:
-    """rq entry point of a run on an object store: :func:`extract_store_shard` with the enqueuing command's
-    settings (``Settings.model_dump(mode="json")``); the job carries the run's URL, a shard index and settings.
+    """rq entry point of a run on an object store: :func:`extract_store_shard` with this worker's host settings and
+    the run's settings the job carries (:func:`draftsmith.features.jobs.job_settings`); the job carries the run's
+    URL, a shard index and the run's settings.
 
     Raises:
+        ConfigError: the job's run settings disagree with the run's record.
         StorageError / DataError / ModelError: as :func:`extract_store_shard` (rq records the failure).
     """
-    from draftsmith.config import Settings
+    from draftsmith.features.jobs import job_settings
     from draftsmith.log import setup_logging
 
-    s = Settings.model_validate(settings)
+    s = job_settings(run_url, settings, f"extraction job of shard {shard}")
     setup_logging(s.log_level)
     return extract_store_shard(s, run_url, shard)

@@ -1,4 +1,10 @@
-"""Enqueue extraction jobs on the rq queue ``<redis.prefix>:extract`` (JSON serializer; ids and paths only)."""
+"""Enqueue extraction jobs on the rq queue ``<redis.prefix>:extract`` (JSON serializer; ids, paths and the run's
+settings only).
+
+A job says what: the run's keys of the config (:func:`draftsmith.config.run_settings`: layers, stored dtype, ...),
+recorded with the run (:mod:`draftsmith.artifacts.run_settings`). The extraction service says how: backend, device,
+tensor/expert parallel, batch budget and paths come from the worker's own environment.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ log = get_logger(__name__)
 JOB_FUNC = "draftsmith.features.jobs.extract_job"
 # a run on an object store: the job works on the host's copy (draftsmith.features.on_store)
 STORE_JOB_FUNC = "draftsmith.features.on_store.extract_store_job"
+RUN_SECTIONS = ("extract",)  # the sections of the run's settings an extraction job uses, recorded and checked
 
 
 def job_id(run: str, shard: int) -> str:
@@ -20,7 +27,8 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     """Enqueue one :func:`draftsmith.features.jobs.extract_job` per shard.
 
     Args:
-        settings: :class:`draftsmith.config.Settings` (dumped to JSON into each job).
+        settings: :class:`draftsmith.config.Settings` of the enqueuing command: its run keys go into each job
+            (:func:`draftsmith.config.run_settings`) and into the run's record; its host keys stay here.
         run_dir: ``runs/<run>``.
         shards: data shard indices to extract.
 
@@ -35,12 +43,17 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     from rq.serializers import JSONSerializer
 
     from draftsmith.artifacts.location import is_remote
+    from draftsmith.artifacts.run_settings import record
+    from draftsmith.config import run_settings
     from draftsmith.jobqueue.liveness import ALIVE, JobState, requeue_orphan, settle
     from draftsmith.jobqueue.queues import connect, fetch_job, queue_name
 
     conn = connect(settings.redis.url)
     q = Queue(queue_name(settings.redis.prefix, "extract"), connection=conn, serializer=JSONSerializer)
-    dumped = settings.model_dump(mode="json")
+    dumped = run_settings(settings)
+    if changed := record(run_dir, dumped, RUN_SECTIONS):
+        log.warning("the run's settings change (%s): jobs still queued with the old values will be refused",
+                    "; ".join(changed))
     wanted = {job_id(settings.run, shard) for shard in shards}
     jobs = settle(q, keep=lambda job: job.id in wanted)
     ids = []

@@ -20,13 +20,16 @@ from rq import Retry
 from draftsmith.artifacts.location import run_key
 from draftsmith.artifacts.storage import atomic_write_text, check_disk
 from draftsmith.config import Settings
-from draftsmith.generation.job_ids import JOB_FUNC, RESULT_TTL_S, job_id_for
+from draftsmith.generation.job_ids import JOB_FUNC, RESULT_TTL_S, RUN_SECTIONS, job_id_for
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
 from draftsmith.generation.store import done_ids, load_prompts, rebuild_manifest, sweep_records
 from draftsmith.jobqueue.liveness import ALIVE, JobState, census, requeue_orphan, settle
 from draftsmith.jobqueue.queues import fetch_job
+from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -48,18 +51,13 @@ class EnqueueReport:
 
 
 def job_settings(s: Settings) -> dict[str, Any]:
-    """The settings a generation job carries, as JSON, without secrets: no target API key and no Redis password
-    (rq keeps job kwargs in Redis for days, and Redis may persist them to disk). Workers take both from their own
-    environment (``DRAFTSMITH_TARGET__API_KEY``, their Redis connection)."""
-    from urllib.parse import urlsplit, urlunsplit
+    """The settings a generation job carries: the run's part only (:func:`draftsmith.config.run_settings`: answer
+    length, sampling, batch size, served model name), as JSON. The host's part (target URL and API key, Redis,
+    concurrency, timeouts, retries, paths) comes from the worker's own environment, so no secret travels in a job
+    (rq keeps job kwargs in Redis for days, and Redis may persist them to disk)."""
+    from draftsmith.config import run_settings
 
-    out: dict[str, Any] = s.model_dump(mode="json")
-    out["target"]["api_key"] = None
-    u = urlsplit(out["redis"]["url"])
-    if u.password is not None or u.username:
-        host = u.hostname or ""
-        out["redis"]["url"] = urlunsplit(u._replace(netloc=host + (f":{u.port}" if u.port else "")))
-    return out
+    return run_settings(s)
 
 
 def of_run(run_root: Path) -> Callable[[Any], bool]:
@@ -143,11 +141,19 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     Raises:
         SourceError, TargetUnavailable, ModelNotServed, DiskSpaceError, QueueError: see their messages.
     """
+    from draftsmith.config import adopt_recorded
     from draftsmith.jobqueue.queues import connect, get_queue
     from draftsmith.target.defaults import apply_generation_defaults, target_folder_or_none
     from draftsmith.target.server import resolve_model
 
     paths = RunPaths(s.runs_dir, s.run)
+    s, adopted = adopt_recorded(s, paths.root, RUN_SECTIONS)
+    if adopted:
+        say("Continuing with the run's recorded " + ", ".join(
+            f"{k}={getattr(getattr(s, k.split('.')[0]), k.split('.')[1])!r}" for k in adopted)
+            + " (set them to change the run)")
+        if "generation.batch_size" in adopted:
+            batch_size = s.generation.batch_size
     report = EnqueueReport()
     for line in apply_generation_defaults(s, target_folder_or_none(s)):  # the jobs carry the values taken
         say(f"Default {line}")
@@ -252,9 +258,13 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
             report: EnqueueReport) -> None:
     """Enqueue ``pending`` in jobs of ``batch_size`` prompts (a job id per prompt set, so a second enqueue finds
     its job), then the tail jobs whose prompts no job answers any more; their ids go to ``report.jobs``."""
+    from draftsmith.artifacts.run_settings import record
     from draftsmith.generation.tail import enqueue_tail
 
     settings_json = job_settings(s)
+    if changed := record(paths.root, settings_json, RUN_SECTIONS):
+        log.warning("the run's settings change (%s): jobs still queued with the old values will be refused",
+                    "; ".join(changed))
     # rq's Retry refuses max=0: no retry object at all means "fail for good on the first failure"
     n_retries = s.generation.job_retries
     retry = Retry(max=n_retries, interval=[5, 30, 120][:n_retries]) if n_retries > 0 else None
@@ -274,4 +284,5 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
         )
         report.jobs.append(jid)
     # handed-off prompts whose tail job was never enqueued (the jobs that would have ended are gone)
-    report.jobs += enqueue_tail(queue, paths.root, s.redis.prefix, batch_size, model, settings_json, False)
+    report.jobs += enqueue_tail(queue, paths.root, s.redis.prefix, batch_size, model, settings_json, False,
+                                job_retries=n_retries, job_timeout_s=s.generation.job_timeout_s)

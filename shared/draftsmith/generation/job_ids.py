@@ -12,6 +12,8 @@ from pathlib import Path
 from draftsmith.artifacts.location import run_key
 
 JOB_FUNC = "draftsmith.generation.jobs.generate_job"
+# the sections of the run's settings a generation job uses: recorded with the run at enqueue, checked by each job
+RUN_SECTIONS = ("target", "generation")
 RESULT_TTL_S = 3600  # a finished job's result is read by nobody: disk is the truth; keep it an hour for debugging
 
 

@@ -22,9 +22,11 @@ from typing import Any
 
 from draftsmith.artifacts.location import run_location
 from draftsmith.artifacts.records import RECORD_SCHEMA
-from draftsmith.config import Settings, secret_value
+from draftsmith.artifacts.run_settings import check_job
+from draftsmith.config import Settings, run_settings, secret_value, settings_for_job
 from draftsmith.errors import DiskSpaceError, TransientFailures
 from draftsmith.generation.client import ChatClient, ChatError, warm_http
+from draftsmith.generation.job_ids import RUN_SECTIONS
 from draftsmith.generation.progress import ProgressBoard, ProgressTally
 from draftsmith.generation.runcache import done_index, prompt_index, warm
 from draftsmith.generation.store import write_shard
@@ -292,8 +294,9 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
         job_id: deterministic job id (also the shard name).
         prompt_ids: ids in ``prompts.jsonl``.
         model: served model name (resolved by ``enqueue``).
-        settings: the resolved :class:`Settings` as JSON, without secrets (the target's API key is read from
-            ``DRAFTSMITH_TARGET__API_KEY`` in the worker's environment; Redis is the worker's own connection).
+        settings: the run's settings (:func:`draftsmith.config.run_settings`); the host's (target URL and API key,
+            concurrency, timeouts) are this worker's own (:func:`draftsmith.config.settings_for_job`), and Redis
+            is the worker's own connection.
         tail: a tail job (its prompts were handed off once; they are never handed off again).
 
     Returns:
@@ -302,14 +305,17 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
 
     Raises:
         TransientFailures: after writing what succeeded, if some prompts failed transiently (rq retries the job).
+        ConfigError: the job's run settings disagree with the run's record (both values named); nothing is
+            written and the run's finished records stay.
         DiskSpaceError: the disk is full (what was written stays; the rest is generated again later).
     """
     from rq import get_current_job
 
     from draftsmith import metrics as M
 
-    s = Settings.model_validate(settings)
+    s = settings_for_job(settings)  # this worker's host settings (target URL, key, concurrency), the job's run keys
     root = run_location(run_root)
+    check_job(root, run_settings(s), RUN_SECTIONS, f"generation job {job_id}", "draftsmith enqueue")
     records_dir = root / "records"
     prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed
     done = done_index(records_dir)
@@ -380,7 +386,8 @@ def _move_tail(rc, s: Settings, root: Path, model: str, settings: dict[str, Any]
     try:
         q = _queue(rc, s)
         whole = q.count > 0 if whole_batches_only is None else whole_batches_only
-        enqueue_tail(q, root, s.redis.prefix, s.generation.batch_size, model, settings, whole)
+        enqueue_tail(q, root, s.redis.prefix, s.generation.batch_size, model, settings, whole,
+                     job_retries=s.generation.job_retries, job_timeout_s=s.generation.job_timeout_s)
     except redis.RedisError as e:
         log.warning("handed-off prompts not moved to a tail job yet (%s)", e)
 

@@ -64,21 +64,20 @@ def handed_off(job) -> set[str]:
 
 
 def enqueue_tail(queue, run_root: Path | str, prefix: str, batch_size: int, model: str, settings: dict[str, Any],
-                 whole_batches_only: bool) -> list[str]:
+                 whole_batches_only: bool, *, job_retries: int, job_timeout_s: int) -> list[str]:
     """Move ids from the run's tail list into tail jobs of up to ``batch_size`` prompts; returns their job ids.
 
     With ``whole_batches_only`` only whole batches are taken (a job calls it this way while other jobs wait in
     the queue: its stragglers wait for company); without it everything on the list goes (the queue is idle, or a
-    resume). ``settings`` are the job settings (:func:`draftsmith.generation.enqueue.job_settings`).
+    resume). ``settings`` are the job's run settings (:func:`draftsmith.generation.enqueue.job_settings`);
+    ``job_retries`` and ``job_timeout_s`` are the enqueuing host's (``generation.job_retries``, ``job_timeout_s``).
 
     Raises:
         redis.RedisError: Redis does not answer (ids popped before the error are in no job; a resume finds them).
     """
     client, key = queue.connection, tail_key(prefix, run_root)
     root = run_key(run_root)
-    gen = settings.get("generation") or {}
-    n_retries = int(gen.get("job_retries", 0))
-    retry = Retry(max=n_retries, interval=[5, 30, 120][:n_retries]) if n_retries > 0 else None
+    retry = Retry(max=job_retries, interval=[5, 30, 120][:job_retries]) if job_retries > 0 else None
     out: list[str] = []
     while True:
         if whole_batches_only and client.llen(key) < batch_size:
@@ -92,7 +91,7 @@ def enqueue_tail(queue, run_root: Path | str, prefix: str, batch_size: int, mode
         if old is not None:
             old.delete()  # a finished or failed tail job of the very same prompts: theirs are pending again
         queue.enqueue(
-            JOB_FUNC, job_id=jid, retry=retry, job_timeout=int(gen.get("job_timeout_s", 6 * 3600)),
+            JOB_FUNC, job_id=jid, retry=retry, job_timeout=job_timeout_s,
             result_ttl=RESULT_TTL_S, failure_ttl=30 * 86400, at_front=True,
             description=f"generate {len(ids)} handed-off prompts for {run_location(root).name}",
             kwargs={"run_root": root, "job_id": jid, "prompt_ids": ids, "model": model, "settings": settings,

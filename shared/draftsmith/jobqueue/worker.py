@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import os
 import signal
@@ -169,13 +170,16 @@ class _DraftsmithWork:
 
     def handle_exception(self, job, *exc_info):
         """A user-facing failure of a job (a full disk, prompts to retry) is one line; anything else keeps rq's
-        full report with its traceback."""
+        full report with its traceback. A failure marked ``retryable = False`` (a job refused for its run settings,
+        :class:`draftsmith.errors.RunSettingsMismatch`) fails for good at once, whatever retries the job has left."""
         from draftsmith.errors import DraftsmithError, TransientFailures
 
         exc = exc_info[1] if len(exc_info) > 1 else None
         if not isinstance(exc, DraftsmithError | TransientFailures):
             return super().handle_exception(job, *exc_info)
         log.error("job %s: %s: %s", job.id, type(exc).__name__, exc)
+        if not getattr(exc, "retryable", True):
+            job.retries_left = 0  # rq retries on any failure; this one would only repeat (handle_job_failure reads it)
         if isinstance(exc, DiskSpaceError):  # tell the worker (this is its work-horse) to stop taking work
             self.connection.set(self._disk_full_key, str(exc), ex=3600)
         from rq.job_lifecycle import call_exception_handlers
@@ -291,12 +295,22 @@ def requeue_at_front(queue, job) -> None:
     queue.enqueue_job(job, at_front=True)
 
 
+@functools.cache
+def own_min_free_gb() -> float:
+    """This worker's ``generation.min_free_disk_gb``: a host setting, from the worker's own environment (a job
+    carries only the run's settings); read once, the environment does not change under a running worker."""
+    from draftsmith.config import load_settings
+
+    return load_settings().generation.min_free_disk_gb
+
+
 def check_job_disk(job) -> None:
-    """Raises DiskSpaceError when a generation job's run folder has less than ``min_free_disk_gb`` free, and
-    StorageError when its local run folder does not exist on this host (a worker on a machine without the run's
-    mount: it would only fail every job). A run on an object store is not checked here."""
+    """Raises DiskSpaceError when a generation job's run folder has less than this worker's
+    ``generation.min_free_disk_gb`` free, and StorageError when its local run folder does not exist on this host (a
+    worker on a machine without the run's mount: it would only fail every job). A run on an object store is not
+    checked here."""
     kw = job.kwargs or {}
-    root, settings = kw.get("run_root"), kw.get("settings") or {}
+    root = kw.get("run_root")
     if not root:
         return
     from draftsmith.artifacts.location import is_remote
@@ -307,8 +321,7 @@ def check_job_disk(job) -> None:
                            "mount the same runs/ at the same absolute path on every worker host, or put the run "
                            "on an object store (runs_dir=s3://bucket/runs) that every host reaches")
 
-    min_gb = float((settings.get("generation") or {}).get("min_free_disk_gb", 0) or 0)
-    check_disk(Path(root), max(min_gb, MIN_FREE_BYTES / 1e9), mkdir=False)
+    check_disk(Path(root), max(own_min_free_gb(), MIN_FREE_BYTES / 1e9), mkdir=False)
 
 
 def release_dead_process(connection, job, pid: int) -> None:
@@ -316,7 +329,7 @@ def release_dead_process(connection, job, pid: int) -> None:
     from draftsmith import metrics as M
     from draftsmith.jobqueue.inflight import InflightCap
 
-    prefix = ((job.kwargs or {}).get("settings") or {}).get("redis", {}).get("prefix") or "draftsmith"
+    prefix = (job.origin or "").rsplit(":", 1)[0] or "draftsmith"  # its queue is ``<redis.prefix>:<stage>``
     try:
         n = InflightCap(connection, prefix, 1).release_owner(pid)
         if n:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from draftsmith.artifacts.data import STATS_FILE
 from draftsmith.log import get_logger
+from draftsmith.target.checkpoint import target_config_path
 
 if TYPE_CHECKING:
     from draftsmith.config import Settings
@@ -81,7 +82,7 @@ def reasoning_evidence(folder: Path | str) -> str | None:
 
     folder = Path(folder)
     # a tokenizer-only folder has no config.json to profile; its chat template still tells
-    prof = target_profile(folder) if (folder / "config.json").is_file() else None
+    prof = target_profile(folder) if target_config_path(folder).is_file() else None
     if prof is not None and prof.reasoning_parser:
         return f"its profile ({prof.family}) names the reasoning parser {prof.reasoning_parser}"
     if THINK_MARKER in _chat_template(folder):
