@@ -26,12 +26,16 @@ def _two_per_batch(plan) -> int:
     return 2 * max(plan.shards[0]["lengths"])
 
 
-def test_tiny_budget_gives_the_same_features_and_leaves_tmp_empty(data_run, make_settings, embedded_target, tmp_path):
+def test_tiny_budget_gives_the_same_features_and_leaves_tmp_empty(data_run, make_settings, embedded_target, tmp_path,
+                                                                 monkeypatch):
     tiny = tmp_path / "tiny" / "t"
     shutil.copytree(data_run, tiny)
     bt = _two_per_batch(make_plan(make_settings(data_run), data_run))
     # reference: each shard in one group (the budget far above the shard), in this process
     s = make_settings(data_run, write_tokens=10**9, batch_tokens=bt)
+    # the budgets are host keys: an extraction job takes them from its worker's environment, never from the job
+    monkeypatch.setenv("DRAFTSMITH_EXTRACT__BATCH_TOKENS", str(bt))
+    monkeypatch.setenv("DRAFTSMITH_EXTRACT__WRITE_TOKENS", str(10**9))
     for i in range(2):
         extract_job(str(data_run), i, s.model_dump(mode="json"))
     plan = make_plan(s, data_run)

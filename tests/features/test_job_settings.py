@@ -58,7 +58,8 @@ def test_the_workers_host_settings_win_over_the_enqueuers(tmp_path, embedded_tar
     result = _job(s, jid).return_value()
     assert result["status"] == "done" and result["samples"] == 1
     assert result["host"] == {"backend": "hf", "device": "cpu", "compute_dtype": "float32",
-                              "tensor_parallel_size": 3, "enable_expert_parallel": True, "batch_tokens": 512}
+                              "tensor_parallel_size": 3, "enable_expert_parallel": True, "batch_tokens": 512,
+                              "write_tokens": None}
     assert "backend hf, device cpu, tensor parallel 3, expert parallel True, batch_tokens 512" in out
     assert "loading target" in out and "(backend hf, cpu, float32;" in out
     assert json.loads((run_dir / "features" / "manifest.json").read_text())["backend"] == "hf"
