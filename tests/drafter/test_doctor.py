@@ -1,0 +1,198 @@
+"""``draftsmith doctor`` on real broken runs: each copy of one small real run (the drafter tests' reference run:
+real SmolLM2 answers and features, a drafter trained two steps on them and exported in both layouts, records holding
+the server's own recorded ids) is broken in exactly one way, and the doctor must rank that cause first; on the
+healthy copy it finds nothing. The eval report is the default demo's, recorded from a real vLLM run
+(tests/fixtures/bench/demo-run)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURE = FIXTURES / "drafter" / "smollm2_answers.jsonl"  # the answers of the reference run (conftest.py)
+LAYER_IDS, MAX_LEN, VOCAB = [1, 14, 26], 160, 2048  # the reference run's (conftest.py)
+DEMO_REPORT = FIXTURES / "bench" / "demo-run" / "eval" / "report.json"
+OTHER_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+def write_records(root: Path) -> None:
+    """``records/`` from the recorded answers, each answer cut where the reference run's samples end."""
+    (root / "records").mkdir(exist_ok=True)
+    lines = []
+    for i, line in enumerate(FIXTURE.read_text().splitlines()):
+        r = json.loads(line)
+        p, g = r["prompt_token_ids"], r["token_ids"][: max(0, MAX_LEN - len(r["prompt_token_ids"]))]
+        lines.append(json.dumps({
+            "schema": "draftsmith.record/1", "id": f"s{i:03d}", "status": "ok", "error": None,
+            "messages": r["messages"] + [{"role": "assistant", "content": r["answer"], "reasoning": None}],
+            "turns": [{"finish_reason": "stop" if len(g) == len(r["token_ids"]) else "length",
+                       "prompt_token_ids": p, "token_ids": g}],
+            "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 256, "seed": 0}}))
+    (root / "records" / "job-0.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def healthy(reference_run, embedded_target, tmp_path_factory) -> Path:
+    """The healthy run: reference data and features, records, a drafter trained 2 steps and exported, the demo's
+    eval report."""
+    from draftsmith.config import load_settings
+    from draftsmith.drafter.checkpoint import list_checkpoints
+    from draftsmith.drafter.export import export_checkpoint
+    from draftsmith.drafter.trainer import Trainer
+
+    runs = tmp_path_factory.mktemp("doctor") / "runs"
+    root = runs / "healthy"
+    shutil.copytree(reference_run, root)
+    s = load_settings(None, {"runs_dir": str(runs), "run": "healthy", "target": {"path": str(embedded_target)},
+                             "train": {"draft_vocab_size": VOCAB, "ttt_steps": 2, "max_steps": 2, "batch_size": 4,
+                                       "batch_tokens": 640, "lr": 1e-3, "eval_fraction": 0.1}})
+    Trainer(s).run()
+    export_checkpoint(list_checkpoints(root / "checkpoints")[-1], str(embedded_target), root / "export", "both")
+    write_records(root)
+    (root / "eval").mkdir()
+    shutil.copy(DEMO_REPORT, root / "eval" / "report.json")
+    return root
+
+
+@pytest.fixture
+def copy(healthy, tmp_path):
+    def make() -> Path:
+        return Path(shutil.copytree(healthy, tmp_path / "runs" / "broken"))
+    return make
+
+
+def diagnose(root: Path, url: str | None = None):
+    from draftsmith.doctor.diagnose import diagnose as run_checks
+    from draftsmith.doctor.finding import ranked
+    from draftsmith.doctor.run import RunView
+
+    results = run_checks(RunView(root), url)
+    return ranked(results), {r.check: r for r in results}
+
+
+def edit_configs(root: Path, edit) -> None:
+    for lay in ("eagle3", "speculators"):
+        f = root / "export" / lay / "config.json"
+        f.write_text(json.dumps(edit(json.loads(f.read_text()), lay), indent=2))
+
+
+def edit_weights(root: Path, edit) -> None:
+    for lay in ("eagle3", "speculators"):
+        f = root / "export" / lay / "model.safetensors"
+        save_file(edit(load_file(str(f))), str(f), metadata={"format": "pt"})
+
+
+def rewrite_samples(root: Path, make_sample) -> None:
+    """Rewrite the data shard: ``make_sample(index, input_ids list, loss_mask list) -> (ids, mask)``; the manifest
+    follows."""
+    from draftsmith.artifacts import data as data_artifact
+
+    data = root / "data"
+    m = data_artifact.read_manifest(data)
+    entry = m["shards"][0]
+    shard = data_artifact.read_shard(data, entry)
+    pairs = zip(shard.input_ids, shard.loss_mask, strict=True)
+    new = [make_sample(i, ids.tolist(), mask.int().tolist()) for i, (ids, mask) in enumerate(pairs)]
+    offsets = torch.tensor([0] + [len(ids) for ids, _ in new]).cumsum(0)
+    save_file({"input_ids": torch.tensor([t for ids, _ in new for t in ids], dtype=torch.int32),
+               "loss_mask": torch.tensor([t for _, mask in new for t in mask], dtype=torch.uint8),
+               "offsets": offsets}, str(data / entry["file"]))
+    entry["lengths"] = [len(ids) for ids, _ in new]
+    m["max_length"] = max(entry["lengths"])
+    data_artifact.write_manifest(data, m)
+
+
+def test_healthy_run_has_no_finding_and_every_offline_check_ran(healthy):
+    findings, results = diagnose(healthy)
+    assert findings == [], [f.cause for f in findings]
+    assert all(r.ran for name, r in results.items() if name != "template_live"), {
+        n: r.note for n, r in results.items() if not r.ran}
+    assert results["template_live"].needs_server
+
+
+def test_aux_ids_shifted_by_one(copy):
+    root = copy()
+
+    def shift(c, lay):
+        if lay == "eagle3":
+            c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(LAYER_IDS)  # our numbering, not vLLM's
+        else:
+            c["eagle_aux_hidden_state_layer_ids"] = list(LAYER_IDS)
+        return c
+
+    edit_configs(root, shift)
+    findings, _ = diagnose(root)
+    assert findings[0].check == "export" and "aux layer ids" in findings[0].cause
+    assert "[0, 13, 25]" in findings[0].cause and "[2, 15, 27]" in findings[0].fix
+
+
+def test_norm_dropped(copy):
+    root = copy()
+    edit_weights(root, lambda w: {k: v for k, v in w.items() if k != "norm.weight"})
+    findings, _ = diagnose(root)
+    assert findings[0].check == "export" and "norm.weight" in findings[0].cause
+
+
+def test_vocabulary_from_other_text(copy, embedded_target):
+    from draftsmith.data.vocab import write_draft_vocab
+    from draftsmith.drafter.vocab import load_draft_vocab
+    from transformers import AutoTokenizer
+
+    root = copy()
+    tok = AutoTokenizer.from_pretrained(str(embedded_target))
+    text = (Path(__file__).resolve().parents[2] / "shared" / "draftsmith" / "evaluation" / "data" /
+            "humaneval.jsonl").read_text()
+    ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"])
+    counts = torch.bincount(ids, minlength=len(tok)).long()
+    write_draft_vocab(root / "data" / "vocab", VOCAB, counts, "other-text")
+    d2t, t2d, _ = load_draft_vocab(root / "data", VOCAB)
+    edit_weights(root, lambda w: {**w, "d2t": d2t, "t2d": t2d})
+    findings, _ = diagnose(root)
+    assert findings[0].check == "coverage", [f.cause for f in findings]
+    assert float(findings[0].cause.split("covers ")[1].split("%")[0]) < 85
+
+
+def test_context_cut_short(copy):
+    root = copy()
+    rewrite_samples(root, lambda i, ids, mask: (ids[:48], mask[:48]))
+    findings, _ = diagnose(root)
+    # the prompts alone are 30-70 tokens: most answer tokens were never trained on
+    assert findings[0].check == "context", [f.cause for f in findings]
+    assert "longest training sample (48 tokens)" in findings[0].cause
+
+
+def test_temperature_mismatch(copy):
+    root = copy()
+    rep = json.loads((root / "eval" / "report.json").read_text())
+    rep["temperature"] = 1.0
+    (root / "eval" / "report.json").write_text(json.dumps(rep))
+    findings, _ = diagnose(root)
+    assert findings[0].check == "temperature" and "temperature 1" in findings[0].cause
+
+
+def test_another_chat_template(copy, embedded_target):
+    from transformers import AutoTokenizer
+
+    root = copy()
+    tok = AutoTokenizer.from_pretrained(str(embedded_target))
+    answers = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
+
+    def rerender(i, ids, mask):
+        prompt = tok.apply_chat_template(answers[i]["messages"], chat_template=OTHER_TEMPLATE, tokenize=False,
+                                         add_generation_prompt=True)
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        seq = (p + answers[i]["token_ids"])[:MAX_LEN]
+        return seq, ([0] * len(p) + [1] * len(answers[i]["token_ids"]))[:MAX_LEN]
+
+    rewrite_samples(root, rerender)
+    findings, _ = diagnose(root)
+    assert findings[0].check == "template", [f.cause for f in findings]
+    assert "100% of samples" in findings[0].cause
+    assert "position 0: trained ['<', '|', 'user'" in findings[0].evidence and "server ['<|im_start|>'" in findings[0].evidence
