@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE = FIXTURES / "drafter" / "smollm2_answers.jsonl"  # the answers of the reference run (conftest.py)
 LAYER_IDS, MAX_LEN, VOCAB = [1, 14, 26], 160, 2048  # the reference run's (conftest.py)
 DEMO_REPORT = FIXTURES / "bench" / "demo-run" / "eval" / "report.json"
+
+pytestmark = pytest.mark.slow  # trains a drafter two steps on the reference run's real SmolLM2 features first
 OTHER_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
                   "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
@@ -196,3 +199,33 @@ def test_another_chat_template(copy, embedded_target):
     assert findings[0].check == "template", [f.cause for f in findings]
     assert "100% of samples" in findings[0].cause
     assert "position 0: trained ['<', '|', 'user'" in findings[0].evidence and "server ['<|im_start|>'" in findings[0].evidence
+
+
+def doctor_cli(monkeypatch, runs: Path, target: Path, *args: str) -> int:
+    """``draftsmith doctor`` in this process (the console entry point, its exit code)."""
+    from draftsmith.cli import main
+
+    monkeypatch.setenv("DRAFTSMITH_RUNS_DIR", str(runs))
+    monkeypatch.setenv("DRAFTSMITH_TARGET__PATH", str(target))
+    monkeypatch.setattr(sys, "argv", ["draftsmith", "doctor", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    return e.value.code
+
+
+def test_cli_exit_codes_and_json(copy, embedded_target, monkeypatch, tmp_path, capsys):
+    root = copy()
+    out = tmp_path / "doctor.json"
+    assert doctor_cli(monkeypatch, root.parent, embedded_target, "--run", root.name, "--json", str(out)) == 0
+    assert json.loads(out.read_text())["findings"] == []
+    assert "not checked: template_live: needs --url" in capsys.readouterr().out
+    edit_weights(root, lambda w: {k: v for k, v in w.items() if k != "norm.weight"})
+    assert doctor_cli(monkeypatch, root.parent, embedded_target, "--run", root.name, "--json", str(out)) == 1
+    rep = json.loads(out.read_text())
+    assert rep["findings"][0]["check"] == "export" and "norm.weight" in rep["findings"][0]["cause"]
+    assert "norm.weight" in capsys.readouterr().out
+    assert doctor_cli(monkeypatch, root.parent, embedded_target, "--run", "no-such-run") == 2
+    assert "no run folder at" in capsys.readouterr().err
+    (root / "export" / "eagle3" / "config.json").write_text("{not json")
+    assert doctor_cli(monkeypatch, root.parent, embedded_target, "--run", root.name) == 2
+    assert "cannot read the drafter export" in capsys.readouterr().err
