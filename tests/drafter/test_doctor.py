@@ -229,3 +229,47 @@ def test_cli_exit_codes_and_json(copy, embedded_target, monkeypatch, tmp_path, c
     (root / "export" / "eagle3" / "config.json").write_text("{not json")
     assert doctor_cli(monkeypatch, root.parent, embedded_target, "--run", root.name) == 2
     assert "cannot read the drafter export" in capsys.readouterr().err
+
+
+def write_data(root: Path, samples: list[tuple[str, list[int], list[int]]]) -> None:
+    """A data-only run (no features, no drafter): what the live template check reads."""
+    from draftsmith.artifacts import data as data_artifact
+
+    (root / "data").mkdir(parents=True)
+    f = root / "data" / data_artifact.shard_file(0)
+    save_file({"input_ids": torch.tensor([t for _, ids, _ in samples for t in ids], dtype=torch.int32),
+               "loss_mask": torch.tensor([t for _, _, m in samples for t in m], dtype=torch.uint8),
+               "offsets": torch.tensor([0] + [len(ids) for _, ids, _ in samples]).cumsum(0)}, str(f))
+    data_artifact.write_manifest(root / "data", {
+        "schema": data_artifact.DATA_SCHEMA, "max_length": MAX_LEN, "config": {},
+        "shards": [{"file": f.name, "sample_ids": [s for s, _, _ in samples], "lengths": [len(i) for _, i, _ in samples],
+                    "sha256": ""}]})
+
+
+def test_live_template_round_trip_against_the_served_target(vllm_server, embedded_target, tmp_path):
+    """The suite's vLLM server renders the records' prompts with SmolLM2's own template: the data built from the
+    server's ids agrees; the same answers rendered with another template do not, and the evidence shows where."""
+    from transformers import AutoTokenizer
+
+    answers = [json.loads(line) for line in FIXTURE.read_text().splitlines()[:8]]
+    tok = AutoTokenizer.from_pretrained(str(embedded_target))
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for root, template in ((good, None), (bad, OTHER_TEMPLATE)):
+        samples = []
+        for i, a in enumerate(answers):
+            p = a["prompt_token_ids"] if template is None else tok(tok.apply_chat_template(
+                a["messages"], chat_template=template, tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False)["input_ids"]
+            g = a["token_ids"][: MAX_LEN - len(p)]
+            samples.append((f"s{i:03d}", p + g, [0] * len(p) + [1] * len(g)))
+        write_data(root, samples)
+        write_records(root)
+    _, results = diagnose(good, vllm_server)
+    live = results["template_live"]
+    assert live.ran and live.findings == []
+    findings, results = diagnose(bad, vllm_server)
+    assert results["template_live"].findings, "the live server rendered the foreign template's ids"
+    f = results["template_live"].findings[0]
+    assert "live server renders 100% of the checked prompts otherwise" in f.cause
+    assert "served ['<|im_start|>'" in f.evidence
+    assert findings[0].check == "template"
