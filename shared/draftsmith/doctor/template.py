@@ -90,7 +90,7 @@ def live(run: RunView, url: str, timeout_s: float = 30.0) -> CheckResult:
             bad, first = 0, None
             for sid, ids in pairs:
                 msgs = run.records[record_of(sid)]["messages"]
-                prompt = msgs[: next(i for i, m in enumerate(msgs) if m["role"] == "assistant")]
+                prompt = msgs[: next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))]
                 prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
                 r = c.post(f"{base}/tokenize", json={"model": model, "messages": prompt,
                                                       "add_generation_prompt": True, "add_special_tokens": False})
