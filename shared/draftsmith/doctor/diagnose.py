@@ -36,7 +36,9 @@ def report(run: RunView, results: list[CheckResult], seconds: float) -> dict[str
 def print_report(results: list[CheckResult], console=None) -> None:
     """The ranked findings as a rich table, then the checks that did not run and why."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     findings = ranked(results)
@@ -45,15 +47,16 @@ def print_report(results: list[CheckResult], console=None) -> None:
         for col in ("#", "check", "est. cost", "cause", "evidence", "fix"):
             table.add_column(col, overflow="fold")
         for i, f in enumerate(findings, 1):
-            table.add_row(str(i), f.check, f"{f.cost:.0%}", f.cause, f.evidence, f.fix)
+            # Text: tokens and lists in the evidence ("[/INST]") are not rich markup
+            table.add_row(str(i), f.check, f"{f.cost:.0%}", Text(f.cause), Text(f.evidence), Text(f.fix))
         console.print(table)
     else:
         console.print("no cause of lost acceptance found by the checks that ran")
     for r in results:
         if not r.ran:
-            console.print(f"[dim]not checked: {r.check}: {r.note}[/]")
+            console.print(f"[dim]not checked: {r.check}: {escape(r.note)}[/]")
         elif r.note:
-            console.print(f"[dim]{r.check}: {r.note}[/]")
+            console.print(f"[dim]{r.check}: {escape(r.note)}[/]")
 
 
 def write_json(path: Path, rep: dict[str, Any]) -> None:
