@@ -273,3 +273,19 @@ def test_live_template_round_trip_against_the_served_target(vllm_server, embedde
     assert "live server renders 100% of the checked prompts otherwise" in f.cause
     assert "served ['<|im_start|>'" in f.evidence
     assert findings[0].check == "template"
+
+
+@pytest.mark.parametrize("low_set, named", [("humaneval", True), ("gsm8k", False)])
+def test_traffic_unlike_the_training_prompts(copy, low_set, named):
+    """The training prompts are GSM8K and Alpaca-like: HumanEval's code prompts accepting little is traffic the
+    data lacks; GSM8K's accepting as little is not (its prompts are the nearest), and is not blamed on traffic."""
+    root = copy()
+    rep = json.loads((root / "eval" / "report.json").read_text())
+    rep["results"][0]["sets"][low_set]["acceptance_rate"] = 0.03
+    (root / "eval" / "report.json").write_text(json.dumps(rep))
+    findings, results = diagnose(root)
+    assert results["traffic"].ran
+    if named:
+        assert findings[0].check == "traffic" and f"eval set {low_set!r} accepts 3.0%" in findings[0].cause
+    else:
+        assert findings == []

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftsmith.doctor import coverage, export, gap, loss_rows, serving, template
+from draftsmith.doctor import coverage, export, gap, loss_rows, serving, template, traffic
 from draftsmith.doctor.finding import CheckResult, ranked
 from draftsmith.doctor.run import RunView
 
@@ -22,7 +22,7 @@ def diagnose(run: RunView, url: str | None = None) -> list[CheckResult]:
         TargetUnavailable: ``url`` given and the server does not answer.
     """
     results = [export.check(run), loss_rows.check(run), coverage.check(run), serving.context(run, url),
-               serving.temperature(run), gap.check(run)]
+               serving.temperature(run), gap.check(run), traffic.check(run)]
     return results + template.check(run, url)
 
 
