@@ -20,7 +20,7 @@ def doctor_cmd(
     json_out: Path | None = typer.Option(None, "--json", help="Also write the findings as JSON to this file."),
 ) -> None:
     """Name what is costing acceptance: the export against what the engine reads, the loss rows, the draft
-    vocabulary coverage, the context and temperature, the chat template, the train/serve gap. Exit 0: nothing
+    vocabulary coverage, the context and temperature, the chat template, the train/serve gap, the traffic. Exit 0: nothing
     found; 1: findings; 2: bad input."""
     from draftsmith.doctor.diagnose import diagnose, print_report, report, write_json
     from draftsmith.doctor.finding import ranked
