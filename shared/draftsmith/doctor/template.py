@@ -14,6 +14,7 @@ from draftsmith.doctor.run import RunView
 from draftsmith.doctor.spans import first_difference, match, record_of
 
 CHECK = "template"
+LIVE = "template_live"  # the live round trip's result; its findings name the cause "template" as the offline one
 MAX_SHARE = 0.02  # samples whose prompt is not the server's; above: a systematic rendering difference
 COST_SCALE = 0.6  # a foreign context per mismatched sample, estimated (SpecForge #455, speculators #751)
 LIVE_SAMPLES = 8  # requests to the server's /tokenize
@@ -83,7 +84,7 @@ def live(run: RunView, url: str, timeout_s: float = 30.0) -> CheckResult:
     base = url.rstrip("/").removesuffix("/v1")
     pairs = [(sid, ids) for sid, (ids, _) in run.samples.items() if record_of(sid) in run.records][:LIVE_SAMPLES]
     if not pairs:
-        return skipped(CHECK, "needs data/ and records/ to send to the server", needs_server=True)
+        return skipped(LIVE, "needs data/ and records/ to send to the server", needs_server=True)
     try:
         with httpx.Client(timeout=timeout_s) as c:
             model = c.get(f"{base}/v1/models").raise_for_status().json()["data"][0]["id"]
@@ -103,9 +104,9 @@ def live(run: RunView, url: str, timeout_s: float = 30.0) -> CheckResult:
         raise TargetUnavailable(f"the server at {url} did not answer /v1/models and /tokenize ({e})",
                                 "pass --url of a running vLLM server (SGLang has no /tokenize)") from e
     if not bad:
-        return CheckResult(CHECK, True, needs_server=True)
+        return CheckResult(LIVE, True, needs_server=True)
     share = bad / len(pairs)
-    return CheckResult(CHECK, True, [Finding(
+    return CheckResult(LIVE, True, [Finding(
         CHECK, f"the live server renders {share:.0%} of the checked prompts otherwise than the data (chat template "
         "or thinking)", COST_SCALE * share, f"{bad} of {len(pairs)} prompts via {base}/tokenize; "
         + _evidence(run, *first, "served"),
@@ -116,6 +117,5 @@ def live(run: RunView, url: str, timeout_s: float = 30.0) -> CheckResult:
 def check(run: RunView, url: str | None = None) -> list[CheckResult]:
     """The offline round trip, and the live one when ``url`` is given."""
     out = [offline(run)]
-    out.append(live(run, url) if url else skipped(CHECK + "_live", "needs --url (the server's /tokenize)",
-                                                  needs_server=True))
+    out.append(live(run, url) if url else skipped(LIVE, "needs --url (the server's /tokenize)", needs_server=True))
     return out
