@@ -71,12 +71,12 @@ def copy(healthy, tmp_path):
     return make
 
 
-def diagnose(root: Path, url: str | None = None):
+def diagnose(root: Path, url: str | None = None, target: Path | None = None):
     from draftsmith.doctor.diagnose import diagnose as run_checks
     from draftsmith.doctor.finding import ranked
     from draftsmith.doctor.run import RunView
 
-    results = run_checks(RunView(root), url)
+    results = run_checks(RunView(root, target=target), url)
     return ranked(results), {r.check: r for r in results}
 
 
@@ -264,10 +264,10 @@ def test_live_template_round_trip_against_the_served_target(vllm_server, embedde
             samples.append((f"s{i:03d}", p + g, [0] * len(p) + [1] * len(g)))
         write_data(root, samples)
         write_records(root)
-    _, results = diagnose(good, vllm_server)
+    _, results = diagnose(good, vllm_server, embedded_target)  # a data-only run names no target of its own
     live = results["template_live"]
     assert live.ran and live.findings == []
-    findings, results = diagnose(bad, vllm_server)
+    findings, results = diagnose(bad, vllm_server, embedded_target)
     assert results["template_live"].findings, "the live server rendered the foreign template's ids"
     f = results["template_live"].findings[0]
     assert "live server renders 100% of the checked prompts otherwise" in f.cause
