@@ -7,7 +7,10 @@ from pathlib import Path
 
 import typer
 
+from draftsmith.artifacts.staging import staged
 from draftsmith.cli import app, settings
+
+PULLED = ("records", "prompts.jsonl", "data", "checkpoints", "export", "eval", "status", "config.yaml")
 
 
 @app.command("doctor")
@@ -35,9 +38,12 @@ def doctor_cmd(
     except ModelError:  # the run's checkpoint usually names the target; the settings' is only a fallback
         settings_target = None
     t0 = time.time()
-    view = RunView(RunPaths(s.runs_dir, s.run).root, drafter, settings_target=settings_target)
-    results = diagnose(view, url)
-    print_report(results)
-    if json_out is not None:
-        write_json(json_out, report(view, results, time.time() - t0))
+    # a run on an object store is read from a working copy; the feature shards stay there (the aux ids then come
+    # from the checkpoint's drafter config, which holds the same layer ids)
+    with staged(s, PULLED, ()) as s:
+        view = RunView(RunPaths(s.runs_dir, s.run).root, drafter, settings_target=settings_target)
+        results = diagnose(view, url)
+        print_report(results)
+        if json_out is not None:
+            write_json(json_out, report(view, results, time.time() - t0))
     raise typer.Exit(1 if ranked(results) else 0)
