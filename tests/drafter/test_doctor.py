@@ -134,6 +134,7 @@ def test_aux_ids_shifted_by_one(copy):
     findings, _ = diagnose(root)
     assert findings[0].check == "export" and "aux layer ids" in findings[0].cause
     assert "[0, 13, 25]" in findings[0].cause and "[2, 15, 27]" in findings[0].fix
+    assert len(findings) == 1 and "eagle3/" in findings[0].evidence and "speculators/" in findings[0].evidence
 
 
 def test_norm_dropped(copy):
@@ -160,6 +161,16 @@ def test_vocabulary_from_other_text(copy, embedded_target):
     findings, _ = diagnose(root)
     assert findings[0].check == "coverage", [f.cause for f in findings]
     assert float(findings[0].cause.split("covers ")[1].split("%")[0]) < 85
+
+
+def test_loss_mask_shifted_by_one_row(copy):
+    """Each answer's first token unsupervised and the token after it supervised: 1 row in ~100, below any share
+    threshold, but the same shift in every sample is the builder's."""
+    root = copy()
+    rewrite_samples(root, lambda i, ids, mask: (ids, [0] + mask[:-1]))
+    findings, _ = diagnose(root)
+    assert findings[0].check == "loss_rows", [f.cause for f in findings]
+    assert "shifted by +1 row(s)" in findings[0].cause and "in 64 of 64 samples" in findings[0].cause
 
 
 def test_context_cut_short(copy):

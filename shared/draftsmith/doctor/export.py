@@ -219,4 +219,15 @@ def check(run: RunView) -> CheckResult:
         findings += _positions(run, folder, layout, config)
         findings += _keys(folder, layout, config)
     note = "" if run.drafter_config else "no checkpoint: norms, weights and rope not compared with training"
-    return CheckResult(CHECK, True, findings, note)
+    return CheckResult(CHECK, True, merged(findings), note)
+
+
+def merged(findings: list[Finding]) -> list[Finding]:
+    """One finding per cause: the same cause in both layouts is one fix, its evidence names both folders."""
+    out: dict[str, Finding] = {}
+    for f in findings:
+        if f.cause in out:
+            out[f.cause].evidence += " | " + f.evidence
+        else:
+            out[f.cause] = f
+    return list(out.values())

@@ -8,7 +8,7 @@ predict user text it is never asked to draft; a mask that misses the answer leav
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from draftsmith.doctor.finding import CheckResult, Finding, skipped
 from draftsmith.doctor.run import RunView
@@ -17,6 +17,8 @@ from draftsmith.doctor.spans import match, record_of
 CHECK = "loss_rows"
 MIN_SHARE = 0.95  # below: more than 1 supervised token in 20 is not the target's, or 1 answer token in 20 unsupervised
 COST_SCALE = 0.5  # a wrong row dilutes the loss rather than breaking drafts: half its share, estimated
+SYSTEMATIC = 0.5  # a shift seen in more than half the samples is the builder's, not a sample's
+COST_SHIFT = 0.1  # estimated: each answer's first token untrained and one foreign row trained, in every sample
 
 
 def check(run: RunView) -> CheckResult:
@@ -24,6 +26,7 @@ def check(run: RunView) -> CheckResult:
     if not run.samples or not run.records:
         return skipped(CHECK, "needs data/ and records/ with the server's token ids")
     tally = defaultdict(lambda: [0, 0, 0, None])  # family -> [supervised, generated, both, first bad (sid, pos)]
+    offsets: Counter[int] = Counter()  # first supervised row - first generated row, per sample
     for sid, (ids, mask) in run.samples.items():
         rec = run.records.get(record_of(sid))
         m = match(ids, rec) if rec else None
@@ -34,12 +37,22 @@ def check(run: RunView) -> CheckResult:
         t[0] += int(mask.sum())
         t[1] += int(m.generated.sum())
         t[2] += int(both.sum())
+        if mask.any() and m.generated.any():
+            offsets[int(mask.nonzero()[0]) - int(m.generated.nonzero()[0])] += 1
         bad = (mask ^ m.generated).nonzero()
         if t[3] is None and bad.numel():
             t[3] = (sid, int(bad[0]))
     if not tally:
         return skipped(CHECK, "no sample could be matched with its record's token ids")
     findings = []
+    shift, n = offsets.most_common(1)[0] if offsets else (0, 0)
+    if shift and n > SYSTEMATIC * sum(offsets.values()):
+        findings.append(Finding(
+            CHECK, f"the loss mask is shifted by {shift:+d} row(s) from the target's tokens in {n} of "
+            f"{sum(offsets.values())} samples", COST_SHIFT, "first supervised row - first generated row per sample: "
+            + ", ".join(f"{k:+d} x{v}" for k, v in offsets.most_common(3)),
+            "rebuild the data (`draftsmith build-data`); a converted dataset must mark the rows whose token the target "
+            "generated, not their predecessors"))
     for fam, (sup, gen, both, first) in sorted(tally.items()):
         precision, recall = both / max(sup, 1), both / max(gen, 1)
         if min(precision, recall) >= MIN_SHARE:
