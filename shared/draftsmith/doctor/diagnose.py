@@ -1,0 +1,65 @@
+"""Run every check, cheapest first, and rank the findings; print them (rich) and write the JSON report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from draftsmith.doctor import coverage, export, gap, loss_rows, serving, template, traffic
+from draftsmith.doctor.finding import CheckResult, ranked
+from draftsmith.doctor.run import RunView
+
+REPORT_SCHEMA = "draftsmith.doctor/1"
+
+
+def diagnose(run: RunView, url: str | None = None) -> list[CheckResult]:
+    """Every check's result, in the order they ran (cheapest first; the live server last).
+
+    Raises:
+        DoctorInputError: an unreadable export or eval report.
+        TargetUnavailable: ``url`` given and the server does not answer.
+    """
+    results = [export.check(run), loss_rows.check(run), coverage.check(run), serving.context(run, url),
+               serving.temperature(run), gap.check(run), traffic.check(run)]
+    return results + template.check(run, url)
+
+
+def report(run: RunView, results: list[CheckResult], seconds: float) -> dict[str, Any]:
+    """The JSON report: ranked findings, and per check whether it ran and what it lacked."""
+    return {"schema": REPORT_SCHEMA, "run": str(run.root), "seconds": round(seconds, 2),
+            "findings": [f.to_dict() for f in ranked(results)], "checks": [r.to_dict() for r in results],
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def print_report(results: list[CheckResult], console=None) -> None:
+    """The ranked findings as a rich table, then the checks that did not run and why."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+    findings = ranked(results)
+    if findings:
+        table = Table(title="why acceptance is low, costliest first", show_lines=True)
+        for col in ("#", "check", "est. cost", "cause", "evidence", "fix"):
+            table.add_column(col, overflow="fold")
+        for i, f in enumerate(findings, 1):
+            # Text: tokens and lists in the evidence ("[/INST]") are not rich markup
+            table.add_row(str(i), f.check, f"{f.cost:.0%}", Text(f.cause), Text(f.evidence), Text(f.fix))
+        console.print(table)
+    else:
+        console.print("no cause of lost acceptance found by the checks that ran")
+    for r in results:
+        if not r.ran:
+            console.print(f"[dim]not checked: {r.check}: {escape(r.note)}[/]")
+        elif r.note:
+            console.print(f"[dim]{r.check}: {escape(r.note)}[/]")
+
+
+def write_json(path: Path, rep: dict[str, Any]) -> None:
+    """Write the JSON report (indent 2)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(rep, indent=2) + "\n")
