@@ -10,6 +10,8 @@ Families (``vllm/config/speculative.py``, ``max_num_new_slots_for_drafting``):
 - ``dflash``: a Qwen3-shaped block drafter (``architectures: [DFlashDraftModel]``, ``model_type: qwen3``, loaded by
   ``model_executor/models/qwen3_dflash.py``) with ``dflash_config.target_layer_ids`` / ``mask_token_id``; it shares
   the target's embedding and LM head (none shipped), its ``fc`` takes the concatenated target layers [T, n*H].
+- ``dspark``: the DFlash drafter plus DSpark's low-rank Markov head (``markov_head.markov_w1`` [V, r] and
+  ``markov_w2`` [V, r], ``model_executor/models/qwen3_dspark.py``), ``architectures: [Qwen3DSparkModel]``.
 - ``pard``: a small standalone Llama draft LM with ``pard_token`` in its config, served as ``method: draft_model``
   with ``parallel_drafting: true``.
 
@@ -33,12 +35,13 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("eagle3", "peagle", "dflash", "pard")
+FAMILIES = ("eagle3", "peagle", "dflash", "dspark", "pard")
 PROMPTS = [
     "What is the capital of France?",
     "Give three tips for staying healthy.",
     "Explain what a noun is in one sentence.",
 ]
+MARKOV_RANK = 16  # DSpark's Markov head rank r
 DRAFT_VOCAB = 64  # EAGLE-3 families: a small draft vocabulary keeps the random export tiny
 
 
@@ -161,9 +164,16 @@ def write_drafter(family: str, target: Path, out: Path) -> Path:
     if family in ("eagle3", "peagle"):
         return eagle3_drafter(target, out, parallel=family == "peagle")
     out.mkdir(parents=True, exist_ok=True)
-    if family == "dflash":
+    if family in ("dflash", "dspark"):
         cfg = dflash_config(target)
-        save_file(dflash_weights(cfg), str(out / "model.safetensors"), metadata={"format": "pt"})
+        w = dflash_weights(cfg)
+        if family == "dspark":
+            cfg |= {"architectures": ["Qwen3DSparkModel"], "markov_rank": MARKOV_RANK,
+                    "dspark_block_size": cfg["block_size"]}
+            g = torch.Generator().manual_seed(1)
+            for m in ("markov_w1", "markov_w2"):  # [V, r]: token -> r-dim embedding, r -> vocabulary bias
+                w[f"markov_head.{m}.weight"] = torch.randn(cfg["vocab_size"], MARKOV_RANK, generator=g) * 0.02
+        save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
     else:
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -176,7 +186,7 @@ def write_drafter(family: str, target: Path, out: Path) -> Path:
 
 def speculative_config(family: str, drafter: Path, k: int) -> dict:
     """vLLM's ``--speculative-config`` for ``family`` with K = ``k`` draft tokens."""
-    method = {"eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash", "pard": "draft_model"}[family]
+    method = {"eagle3": "eagle3", "peagle": "eagle3", "dflash": "dflash", "dspark": "dspark", "pard": "draft_model"}[family]
     spec = {"method": method, "model": str(drafter), "num_speculative_tokens": k}
     if family in ("peagle", "pard"):
         spec["parallel_drafting"] = True

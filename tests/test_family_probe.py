@@ -44,6 +44,7 @@ EXPECTED = {
     "eagle3": ("eagle3", False, 0, "LlamaForCausalLMEagle3"),
     "peagle": ("eagle3", True, K - 1, "LlamaForCausalLMEagle3"),
     "dflash": ("dflash", True, K, "DFlashDraftModel"),
+    "dspark": ("dspark", True, K - 1, "Qwen3DSparkModel"),
     "pard": ("draft_model", True, K, "LlamaForCausalLM"),
 }
 
@@ -64,7 +65,10 @@ def test_vllm_accepts_the_random_drafter_config(probe, target_config, embedded_t
     if family == "peagle":
         assert hf.mask_token_id == mask
         assert tuple(w["mask_hidden"].shape) == (1, 3 * 576)  # [1, n_aux*H]: llama_eagle3.py's mask_hidden buffer
-    if family == "dflash":
+    if family == "dspark":
+        assert hf.markov_rank == probe.MARKOV_RANK
+        assert tuple(w["markov_head.markov_w2.weight"].shape) == (49152, probe.MARKOV_RANK)
+    if family in ("dflash", "dspark"):
         assert hf.dflash_config == {"target_layer_ids": [2, 15, 27], "mask_token_id": mask}
         assert tuple(w["fc.weight"].shape) == (576, 3 * 576)  # [H, n*H]: _get_dflash_fc_input_size
         assert not any(n.startswith(("embed_tokens", "lm_head")) for n in w)  # shared with the target
