@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -218,9 +219,11 @@ def serve_and_generate(target: Path, spec: dict | None, log: Path, max_tokens: i
 
 
 def last_error(log: Path) -> str:
-    """The last line of the server log that names an error (the cause of a failed start)."""
-    lines = [x for x in log.read_text(errors="replace").splitlines() if "Error" in x or "error" in x]
-    return lines[-1].strip()[-400:] if lines else "(no error line in the log)"
+    """The cause of a failed start: the last line of the server log that raises (``...Error: ...``, or pydantic's
+    ``Value error, ...`` line of a refused config, without its ``[type=...]`` tail)."""
+    pat = re.compile(r"\b\w*(Error|Exception)\b: |Value error, ")
+    lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if pat.search(x) and " WARNING " not in x]
+    return lines[-1].split(" [type=")[0][-400:] if lines else "(no error line in the log)"
 
 
 def main() -> None:
