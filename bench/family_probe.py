@@ -252,7 +252,8 @@ def main() -> None:
             c = got["counters"]
             rate = c.accepted / c.draft_tokens if c.draft_tokens else 0.0
             same = "yes" if got["ids"] == base["ids"] else "no"
-            print(f"FAMILY {fam} load=yes drafts={c.drafts:.0f} draft_tokens={c.draft_tokens:.0f} "
+            n = sum(map(len, got["ids"]))
+            print(f"FAMILY {fam} load=yes tokens={n} drafts={c.drafts:.0f} draft_tokens={c.draft_tokens:.0f} "
                   f"accepted={c.accepted:.0f} identical={same} acceptance_rate={rate:.3f}", flush=True)
 
 
