@@ -7,10 +7,11 @@ from pathlib import Path
 
 import typer
 
-from draftsmith.artifacts.staging import staged
 from draftsmith.cli import app, settings
+from draftsmith.generation.store import pull_records
+from draftsmith.staging import staged
 
-PULLED = ("records", "prompts.jsonl", "data", "checkpoints", "export", "eval", "status", "config.yaml")
+PULLED = ("prompts.jsonl", "data", "checkpoints", "export", "eval", "status", "config.yaml")
 
 
 @app.command("doctor")
@@ -40,7 +41,7 @@ def doctor_cmd(
     t0 = time.time()
     # a run on an object store is read from a working copy; the feature shards stay there (the aux ids then come
     # from the checkpoint's drafter config, which holds the same layer ids)
-    with staged(s, PULLED, ()) as s:
+    with staged(s, PULLED, (), fetch=pull_records) as s:  # records through their own format
         view = RunView(RunPaths(s.runs_dir, s.run).root, drafter, settings_target=settings_target)
         results = diagnose(view, url)
         print_report(results)

@@ -38,12 +38,13 @@ COST_NEAR_KEY = 0.3  # a key one typo from one the engine reads: the intended se
 COST_UNKNOWN_KEY = 0.02  # read by no engine; harmless unless it was meant to change something
 
 # Top-level keys the two layouts carry beyond a Llama config (drafter/export.py writes them; vLLM and SGLang read
-# them, or ignore them on purpose: speculators' version and proposal settings).
+# them, or ignore them on purpose: speculators' version and proposal settings, and draftsmith's own provenance:
+# its block and the code_version every artifact records).
 EXPORT_KEYS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "fc_norm", "norm_before_fc",
                "norm_output", "eagle_config", "speculators_model_type", "speculators_version",
                "transformer_layer_config", "eagle_aux_hidden_state_layer_ids", "speculators_config",
                "rope_parameters", "rope_theta", "rope_scaling", "torch_dtype", "dtype", "transformers_version",
-               "draftsmith")
+               "draftsmith", "code_version")
 
 
 def known_keys() -> set[str]:
