@@ -60,7 +60,7 @@ RUN_JOB = $(COMPOSE) exec -T -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) generator
 # skips it)
 GPU_HANDOVER ?= $(PYTHON) scripts/gpu-handover.py --engine $(ENGINE) --compose "$(COMPOSE)"
 
-.PHONY: check-secrets images up down ps logs enqueue status scale data extract train export eval
+.PHONY: check-secrets images up down ps logs enqueue status scale data extract train export eval doctor
 check-secrets: ## Refuse to go on while a required secret in .env is empty or weak (names them)
 	@scripts/check-secrets.sh $(ENV_FILE)
 
@@ -111,6 +111,9 @@ eval: check-secrets ## Acceptance of the drafter in the running target (DRAFTER_
 	@$(GPU_HANDOVER) eval
 	$(COMPOSE) --profile eval run --rm -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) evaluator \
 	  draftsmith eval --run $(RUN) --engine $(EVAL_ENGINE_USED) --url http://target:8000
+
+doctor: check-secrets ## Why is the acceptance low: causes ranked, with evidence and fix (docs/doctor.md): make doctor RUN=demo
+	$(RUN_JOB) draftsmith doctor --run $(RUN)
 
 # ---------------------------------------------------------------- embedded CPU default (no GPU, no Docker)
 DEMO_SIZE ?= default
@@ -191,6 +194,7 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  long_context.py [--length 8192]    build-data, extract and train on long joined conversations"
 	@echo "  peer.py --run R                    draftsmith's drafter vs speculators' on a run's data, in vLLM (~hours)"
 	@echo "  peer_speculators.py --run R        only the peer's side: its data and training (used by peer.py)"
+	@echo "  family_probe.py [--family F]       a random drafter per family served in vLLM: loads, drafts, identical (~5 min)"
 	@echo "  scripts/gpu-check.sh               the GPU host's one prepared run of the above (not a bench/ file)"
 
 .PHONY: clean

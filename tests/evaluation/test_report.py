@@ -87,3 +87,17 @@ def test_the_report_says_which_build_exported_the_drafter():
     unknown = build_report("r", "vllm", 3, 0.0, [], "t", "d")
     assert unknown["drafter_code_version"] is None
     assert "records no code_version" in render_markdown(unknown)
+
+
+def test_a_low_acceptance_points_at_doctor_and_a_good_one_does_not():
+    from draftsmith.evaluation.report import DOCTOR_BELOW_RATE, render_markdown
+
+    low = _vllm_measure("mt_bench", 10, 1, [1, 0, 0], 40, 2.0)  # 1 of 30 draft tokens accepted: 3.3 %
+    good = _vllm_measure("gsm8k", 10, 9, [5, 3, 1], 40, 2.0)  # 9 of 30: 30 %
+    rows = [engine_result("vllm", 3, 0.0, [low], overall([low], "vllm", 3), None, None),
+            engine_result("sglang", 3, 0.0, [good], overall([good], "sglang", 3), None, None)]
+    md = render_markdown(build_report("r", "vllm", 3, 0.0, rows, "t", "runs/r/export/eagle3")).splitlines()
+    pointers = [x for x in md if "draftsmith doctor" in x]
+    assert pointers == [f"Acceptance rate 3.3% in vllm is below {100 * DOCTOR_BELOW_RATE:.0f}%: `draftsmith doctor "
+                        "--run r --drafter runs/r/export/eagle3` names the likely causes with their evidence and "
+                        "fixes (docs/doctor.md)."]

@@ -96,6 +96,23 @@ def build_report(run: str, engine: str, k: int, temperature: float, results: lis
         "config": config,
     })
 
+# Below this overall acceptance rate the report sends the reader to `draftsmith doctor`: the seed's operator saw 15 %
+# in vLLM on an MLA target and changed engines without knowing why; the small demo's trained drafter sits near 20 %.
+DOCTOR_BELOW_RATE = 0.15
+
+
+def doctor_pointers(report: dict[str, Any]) -> list[str]:
+    """One line per engine whose overall acceptance rate is below :data:`DOCTOR_BELOW_RATE`, pointing at
+    ``draftsmith doctor`` for this run and drafter (docs/doctor.md); [] when every engine is above it."""
+    out = []
+    for res in report.get("results") or []:
+        rate = (res.get("overall") or {}).get("acceptance_rate")
+        if rate is not None and rate < DOCTOR_BELOW_RATE:
+            out.append(f"Acceptance rate {100 * rate:.1f}% in {res['engine']} is below {100 * DOCTOR_BELOW_RATE:.0f}%: "
+                       f"`draftsmith doctor --run {report['run']} --drafter {report['drafter']}` names the likely "
+                       "causes with their evidence and fixes (docs/doctor.md).")
+    return out
+
 
 def _fmt(x: Any, pct: bool = False) -> str:
     if x is None:
@@ -120,6 +137,8 @@ def render_markdown(report: dict[str, Any]) -> str:
              f"(chain), temperature {report['temperature']}."
              + (f" Made by {report['code_version']}." if report.get("code_version") else ""),
              "", drafter_provenance(report), ""]
+    for line in doctor_pointers(report):
+        lines += [line, ""]
     for res in report["results"]:
         lines += [f"## {res['engine']}", "",
                   "| set | acceptance rate | mean acceptance length | per position | output tok/s | baseline tok/s "
