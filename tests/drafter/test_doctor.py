@@ -229,8 +229,14 @@ def test_cli_exit_codes_and_json(copy, embedded_target, monkeypatch, tmp_path, c
     root = copy()
     out = tmp_path / "doctor.json"
     assert doctor_cli(monkeypatch, root.parent, embedded_target, "--run", root.name, "--json", str(out)) == 0
-    assert json.loads(out.read_text())["findings"] == []
-    assert "not checked: template_live: needs --url" in capsys.readouterr().out
+    healthy = json.loads(out.read_text())
+    assert healthy["findings"] == []
+    # each export names the build that made it (its config's code_version, read back)
+    assert [(e["layout"], e["code_version"].startswith("draftsmith ")) for e in healthy["exports"]] == [
+        ("eagle3", True), ("speculators", True)], healthy["exports"]
+    printed = capsys.readouterr().out
+    assert "not checked: template_live: needs --url" in printed
+    assert f"({healthy['exports'][0]['layout']}): exported by {healthy['exports'][0]['code_version']}" in printed
     edit_weights(root, lambda w: {k: v for k, v in w.items() if k != "norm.weight"})
     assert doctor_cli(monkeypatch, root.parent, embedded_target, "--run", root.name, "--json", str(out)) == 1
     rep = json.loads(out.read_text())

@@ -26,7 +26,7 @@ def doctor_cmd(
     """Name what is costing acceptance: the export against what the engine reads, the loss rows, the draft
     vocabulary coverage, the context and temperature, the chat template, the train/serve gap, the traffic. Exit 0: nothing
     found; 1: findings; 2: bad input."""
-    from draftsmith.doctor.diagnose import diagnose, print_report, report, write_json
+    from draftsmith.doctor.diagnose import diagnose, export_versions, print_report, report, write_json
     from draftsmith.doctor.finding import ranked
     from draftsmith.doctor.run import RunView
     from draftsmith.errors import ModelError
@@ -44,7 +44,7 @@ def doctor_cmd(
     with staged(s, PULLED, (), fetch=pull_records) as s:  # records through their own format
         view = RunView(RunPaths(s.runs_dir, s.run).root, drafter, settings_target=settings_target)
         results = diagnose(view, url)
-        print_report(results)
+        print_report(results, exports=export_versions(view))
         if json_out is not None:
             write_json(json_out, report(view, results, time.time() - t0))
     raise typer.Exit(1 if ranked(results) else 0)

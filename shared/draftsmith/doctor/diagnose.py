@@ -26,21 +26,38 @@ def diagnose(run: RunView, url: str | None = None) -> list[CheckResult]:
     return results + template.check(run, url)
 
 
+def export_versions(run: RunView) -> list[dict[str, Any]]:
+    """Each export checked, with the ``code_version`` its config records (None: a peer's export, or an older
+    draftsmith's): ``[{"folder", "layout", "code_version"}]``.
+
+    Raises:
+        DoctorInputError: an unreadable export (as :attr:`RunView.exports`).
+    """
+    return [{"folder": str(d), "layout": layout, "code_version": config.get("code_version")}
+            for d, layout, config, _ in run.exports]
+
+
 def report(run: RunView, results: list[CheckResult], seconds: float) -> dict[str, Any]:
     """The JSON report: ranked findings, and per check whether it ran and what it lacked."""
     return {"schema": REPORT_SCHEMA, "run": str(run.root), "seconds": round(seconds, 2),
+            "exports": export_versions(run),
             "findings": [f.to_dict() for f in ranked(results)], "checks": [r.to_dict() for r in results],
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def print_report(results: list[CheckResult], console=None) -> None:
-    """The ranked findings as a rich table, then the checks that did not run and why."""
+def print_report(results: list[CheckResult], console=None, exports: list[dict[str, Any]] | None = None) -> None:
+    """Which build made each export (``exports``: :func:`export_versions`), the ranked findings as a rich table,
+    then the checks that did not run and why."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
     console = console or Console()
+    for e in exports or []:
+        made = (f"exported by {e['code_version']}" if e["code_version"]
+                else "records no code_version (which build made it is unknown)")
+        console.print(Text(f"drafter {e['folder']} ({e['layout']}): {made}"))
     findings = ranked(results)
     if findings:
         table = Table(title="why acceptance is low, costliest first", show_lines=True)
