@@ -155,7 +155,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
         if "generation.batch_size" in adopted:
             batch_size = s.generation.batch_size
     report = EnqueueReport()
-    for line in apply_generation_defaults(s, target_folder_or_none(s)):  # the jobs carry the values taken
+    for line in apply_generation_defaults(s, target_folder_or_none(s)):  # the jobs carry the run keys taken
         say(f"Default {line}")
     existing = load_prompts(paths.prompts)
     client = board = None

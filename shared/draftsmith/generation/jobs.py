@@ -230,7 +230,7 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
 
     # the worker's own target wins (a pool next to its server replica); else the URL enqueue checked
     api_key = secret_value(s.target.api_key) or os.environ.get(API_KEY_ENV)
-    timeout_s = g.request_timeout_s or derived_request_timeout_s(g.max_tokens, g.decode_tok_s)  # enqueue derives it
+    timeout_s = g.request_timeout_s or derived_request_timeout_s(g.max_tokens, g.decode_tok_s)  # a host key: ours
     client = ChatClient(target_url, model, api_key=api_key, request_timeout_s=timeout_s,
                         connect_timeout_s=g.connect_timeout_s, max_retries=g.max_retries, backoff_s=g.backoff_s,
                         on_error=count_error, stream=g.stream)
