@@ -49,6 +49,7 @@ def test_released_engine_starts_again_in_the_same_process(data_run, make_setting
     the same process: the distributed state of the first is gone, the features are the same."""
     from draftsmith.features.jobs import _EXTRACTORS, get_extractor, release_extractors
 
+    release_extractors()  # the targets earlier tests of this worker process left loaded (the cache is per process)
     s = make_settings(data_run, backend="vllm", compute_dtype="float32")
     plan = make_plan(s, data_run)
     seqs = read_data_shard(plan.data_dir, plan.shards[0])
