@@ -170,14 +170,19 @@ def test_the_order_check_flags_an_upward_arrow_on_a_synthetic_graph():
         "sizing: not in the package order (docs/architecture.md)"]
 
 
+def copy_of_the_package(dest: Path) -> Path:
+    """The package's sources copied under ``dest`` (``dest/draftsmith``), to plant an import in; returns the copy."""
+    for p in (SHARED / "draftsmith").rglob("*.py"):
+        dst = dest / p.relative_to(SHARED)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, dst)
+    return dest / "draftsmith"
+
+
 def test_a_planted_upward_import_inside_a_function_fails_the_check(tmp_path):
     """A copy of the package with one lazy import from the storage layer up into a stage, the shape of the arrow
     that once ran from the working copy into generation: the check names it, and only it."""
-    for p in (SHARED / "draftsmith").rglob("*.py"):
-        dst = tmp_path / p.relative_to(SHARED)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(p, dst)
-    staging = tmp_path / "draftsmith" / "staging.py"
+    staging = copy_of_the_package(tmp_path) / "staging.py"
     staging.write_text(staging.read_text() + "\n\ndef _planted():\n    from draftsmith.generation.store import done_ids"
                        "\n\n    return done_ids\n")
     found = upward_imports(import_graph(tmp_path), layers())
@@ -300,11 +305,7 @@ def test_package_imports_sit_at_the_top_of_the_checked_modules():
 
 
 def test_a_planted_light_import_inside_a_function_is_flagged(tmp_path):
-    for p in (SHARED / "draftsmith").rglob("*.py"):
-        dst = tmp_path / p.relative_to(SHARED)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(p, dst)
-    staging = tmp_path / "draftsmith" / "staging.py"
+    staging = copy_of_the_package(tmp_path) / "staging.py"
     staging.write_text(staging.read_text() + "\n\ndef _planted():\n    from draftsmith.errors import StorageError\n"
                        "    from draftsmith.drafter import model\n\n    return StorageError, model\n")
     found = lazy_import_problems(tmp_path, ("draftsmith.staging",))
