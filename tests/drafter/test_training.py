@@ -47,6 +47,14 @@ def test_training_learns_and_reports(run_factory, caplog):
     assert tokens > 0 and status["tokens_per_s"] >= tokens / status["elapsed_s"]
     assert status["line"].split(" tok/s ")[1].split()[0] == f"{status['tokens_per_s']:,.0f}"
     assert REGISTRY.get_sample_value("draftsmith_train_tokens_per_second", {"run": "learn"}) == status["tokens_per_s"]
+    # the learning curve: held-out points at the steps ending 1/8, 1/4, 1/2 of the run (ceil) and at the end, each
+    # with what had been trained on by then, the last one the same tokens the metric counted; kept in the checkpoint
+    curve = tr.curve
+    assert [p["step"] for p in curve] == [2, 3, 6, 12]
+    assert [p["samples_seen"] for p in curve] == sorted({p["samples_seen"] for p in curve})
+    assert curve[-1]["tokens_seen"] == tokens and curve[-1]["heldout"]["accept_len"] == pytest.approx(
+        result["heldout"]["accept_len"], abs=1e-4)
+    assert json.loads((list_checkpoints(tr.paths.checkpoints)[-1] / "state.json").read_text())["learning_curve"] == curve
 
 
 def test_progress_line_format():
@@ -75,6 +83,12 @@ def test_resume_is_exact(run_factory, optimizer):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
     assert resumed.sched.last_epoch == straight.sched.last_epoch == 8
+    # the curve continues from the checkpoint's points (steps 1, 2, 4, then 8): the same samples, the same figures
+    assert [(p["step"], p["samples_seen"], p["tokens_seen"]) for p in resumed.curve] == [
+        (p["step"], p["samples_seen"], p["tokens_seen"]) for p in straight.curve]
+    assert [p["step"] for p in straight.curve] == [1, 2, 4, 8]
+    for p, q in zip(resumed.curve, straight.curve, strict=True):
+        assert p["heldout"]["accept_len"] == pytest.approx(q["heldout"]["accept_len"], abs=1e-4)
     assert [type(o).__name__ for o in resumed.opt] == (["Muon", "AdamW"] if optimizer == "muon" else ["AdamW"])
 
 

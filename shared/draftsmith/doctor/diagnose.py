@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftsmith.doctor import coverage, export, gap, loss_rows, serving, template, traffic
+from draftsmith.doctor import coverage, data_size, export, gap, loss_rows, serving, template, traffic
 from draftsmith.doctor.finding import CheckResult, ranked
 from draftsmith.doctor.run import RunView
 
@@ -22,7 +22,7 @@ def diagnose(run: RunView, url: str | None = None) -> list[CheckResult]:
         TargetUnavailable: ``url`` given and the server does not answer.
     """
     results = [export.check(run), loss_rows.check(run), coverage.check(run), serving.context(run, url),
-               serving.temperature(run), gap.check(run), traffic.check(run)]
+               serving.temperature(run), gap.check(run), traffic.check(run), data_size.check(run)]
     return results + template.check(run, url)
 
 
@@ -69,6 +69,12 @@ def print_report(results: list[CheckResult], console=None, exports: list[dict[st
         console.print(table)
     else:
         console.print("no cause of lost acceptance found by the checks that ran")
+    def names(ran: bool, server: bool) -> str:
+        return ", ".join(r.check for r in results if r.ran == ran and r.needs_server == server) or "none"
+
+    # which figures came from the run alone and which needed the live server
+    console.print(f"ran without a server: {names(True, False)}; ran against the server: {names(True, True)}; "
+                  f"not run for want of a server (--url): {names(False, True)}")
     for r in results:
         if not r.ran:
             console.print(f"[dim]not checked: {r.check}: {escape(r.note)}[/]")

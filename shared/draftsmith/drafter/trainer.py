@@ -34,6 +34,7 @@ from draftsmith.drafter.checkpoint import (
     save_checkpoint,
 )
 from draftsmith.drafter.config import derive_config
+from draftsmith.drafter.curve import add_point, curve_point, curve_steps, seen
 from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches, usable_split
 from draftsmith.drafter.distributed import all_sum, setup_distributed
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
@@ -101,7 +102,7 @@ class Trainer:
                             min_overlap=self.tc.remap_min_overlap)
         if self.tc.freeze_lm_head:  # EAGLE-1's choice: the target's own head reads the drafter's state
             self.model.lm_head.weight.requires_grad_(False)
-        self._resume_at = (0, 0, 0)  # step, epoch, micro-batch position
+        self._resume_at, self.curve = (0, 0, 0), []  # step, epoch, micro-batch position; drafter/curve.py
         ckpt = latest_checkpoint(self.paths.checkpoints) if self.tc.resume else None
         if ckpt is not None:
             self._resume_weights(ckpt)  # before sharding: the file holds whole tensors
@@ -163,7 +164,7 @@ class Trainer:
             raise TrainingError(f"checkpoint {ckpt.name} was trained with another draft vocabulary",
                                 "train into a new run, or set train.resume=false to start over in this one")
         load_model_weights(self.model, ckpt)
-        self._resume_at = (state["step"], state["epoch"], state["position"])
+        self._resume_at, self.curve = (state["step"], state["epoch"], state["position"]), state.get("learning_curve", [])
 
     def close(self) -> None:
         """Leave the torchrun process group together: a barrier, then its teardown (no-op on one process).
@@ -264,6 +265,13 @@ class Trainer:
         self.objective.train()
         return StepStats.from_tensor(all_sum(self._sums(total), self.dist))
 
+    def _held_out(self, train: StepStats) -> StepStats:
+        """:meth:`evaluate`, kept as a point of the learning curve (:mod:`draftsmith.drafter.curve`)."""
+        t0, held = time.time(), self.evaluate()
+        done = seen(self.lengths, self.tc, self.dist.world, self.epoch, self.position)
+        add_point(self.curve, curve_point(self.step, self.epoch, *done, held, train, time.time() - t0))
+        return held
+
     def _sums(self, stats: StepStats) -> torch.Tensor:
         """``[4, k]`` of ``stats``, zeros when no batch was added (every rank joins the all-reduce)."""
         if stats.empty:
@@ -276,9 +284,8 @@ class Trainer:
         if self.dist.main:
             from draftsmith import metrics
 
-            weights = model_state(self.model, full_model)
-            save_checkpoint(self.paths.checkpoints, weights, full_optim, self.sched, {
-                "step": self.step, "epoch": self.epoch, "position": self.position,
+            save_checkpoint(self.paths.checkpoints, model_state(self.model, full_model), full_optim, self.sched, {
+                "step": self.step, "epoch": self.epoch, "position": self.position, "learning_curve": self.curve,
                 "config": self.s.model_dump(mode="json"), "drafter": self.cfg.to_dict(),
                 "vocab_hash": self.vocab_hash, "target": self.target_path}, self.tc.keep)
             metrics.TRAIN_CHECKPOINTS.labels(self.s.run).inc()
@@ -355,6 +362,7 @@ class Trainer:
         from draftsmith import metrics
 
         tc, t0 = self.tc, time.time()
+        curve_at = curve_steps(self.total_steps, tc.curve_fractions)  # held-out points of the learning curve
         self.objective.train()
         interval, tokens, t_int = StepStats(), 0.0, time.time()
         last_gnorm, steps_in_interval = torch.zeros(()), 0
@@ -402,8 +410,8 @@ class Trainer:
                     self.opt.zero_grad()
                     self.step += 1
                     self.position += len(group)
-                    if self.step % tc.eval_every == 0 and self.held_ids:
-                        held = self.evaluate()
+                    if self.held_ids and (self.step % tc.eval_every == 0 or self.step in curve_at):
+                        held = self._held_out(last_train)
                     if self.step % tc.log_every == 0 or self.step == self.total_steps:
                         red = StepStats.from_tensor(all_sum(self._sums(interval), self.dist))
                         gn = float(last_gnorm)
@@ -427,7 +435,7 @@ class Trainer:
         if not interval.empty:
             last_train = StepStats.from_tensor(all_sum(self._sums(interval), self.dist))
         train_s = time.time() - t0  # before the held-out pass, which moves no training tokens
-        held = self.evaluate() if self.held_ids else None
+        held = self._held_out(last_train) if self.held_ids else None
         self._report(last_train, run_tokens * self.dist.world, train_s, t0, held, line=False)
         if self.dist.main and held is not None:
             log.info("held-out: loss %s acc %s accept_len %.3f", "/".join(f"{x:.3f}" for x in held.losses),
