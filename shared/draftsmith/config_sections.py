@@ -308,7 +308,8 @@ class TrainConfig(Section):
     eval_every: int = Run(200, ge=1, description="Held-out evaluation every N optimizer steps (and at the end).")
     curve_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Run(
         [0.125, 0.25, 0.5], description="Also evaluate on the held-out split at the steps ending these fractions of "
-        "the run: the learning curve `draftsmith doctor` reads (drafter/curve.py; [] = eval_every's points only).")
+        "the run that come before the first eval_every step: the learning curve `draftsmith doctor` reads "
+        "(drafter/curve.py; [] = eval_every's points only).")
     log_every: int = Host(10, ge=1, description="One progress line every N optimizer steps.")
     peak_tflops: float | None = Host(
         None, gt=0, description="Peak dense TFLOP/s of one training device, for the MFU in the progress line; None = "

@@ -41,8 +41,11 @@ def test_seen_matches_the_loop_across_ranks_accumulation_and_epochs():
 
 
 def test_curve_steps_and_points():
-    assert curve_steps(826, [0.125, 0.25, 0.5]) == {104, 207, 413}
-    assert curve_steps(2, [0.125, 0.25, 0.5]) == {1}  # never step 0
+    assert curve_steps(826, [0.125, 0.25, 0.5], 1000) == {104, 207, 413}
+    assert curve_steps(826, [0.125, 0.25, 0.5], 200) == {
+        104
+    }  # the default demo: eval_every's points take over
+    assert curve_steps(2, [0.125, 0.25, 0.5], 200) == {1}  # never step 0
     curve = []
     add_point(curve, {"step": 4, "x": 1})
     add_point(curve, {"step": 8, "x": 2})

@@ -2,8 +2,8 @@
 tokens the drafter had trained on by then.
 
 The trainer evaluates on the held-out split every ``train.eval_every`` steps, at the steps that end the fractions
-``train.curve_fractions`` of the run (log-spaced by default, so a fit against log(samples seen) has its points spread)
-and at the end; each evaluation is one point. The points travel in each checkpoint's ``state.json``
+``train.curve_fractions`` of the run when they come before the first of those (log-spaced by default, so a fit
+against log(samples seen) has early points too) and at the end; each evaluation is one point. The points travel in each checkpoint's ``state.json``
 (``learning_curve``): a resumed run continues the curve of its checkpoint, and a run on an object store carries it
 with the checkpoint it pulls. ``draftsmith doctor``'s ``data_size`` check reads it (docs/doctor.md).
 """
@@ -17,9 +17,11 @@ from draftsmith.drafter.data import make_batches
 from draftsmith.drafter.ttt import StepStats
 
 
-def curve_steps(total_steps: int, fractions: list[float]) -> set[int]:
-    """The optimizer steps (1-based) that end each fraction of ``total_steps``: ``ceil(f * total)``, at least 1."""
-    return {max(1, math.ceil(f * total_steps)) for f in fractions}
+def curve_steps(total_steps: int, fractions: list[float], eval_every: int) -> set[int]:
+    """The optimizer steps (1-based) that end each fraction of ``total_steps`` (``ceil(f * total)``, at least 1) and
+    come before the first ``eval_every`` evaluation: later ones would sit among those (an evaluation costs as much
+    as ``eval_fraction`` of an epoch's forward passes)."""
+    return {s for f in fractions if (s := max(1, math.ceil(f * total_steps))) < eval_every}
 
 
 def seen(lengths: dict[str, int], tc, world: int, epoch: int, position: int) -> tuple[int, int]:

@@ -362,7 +362,7 @@ class Trainer:
         from draftsmith import metrics
 
         tc, t0 = self.tc, time.time()
-        curve_at = curve_steps(self.total_steps, tc.curve_fractions)  # held-out points of the learning curve
+        curve_at = curve_steps(self.total_steps, tc.curve_fractions, tc.eval_every)  # drafter/curve.py
         self.objective.train()
         interval, tokens, t_int = StepStats(), 0.0, time.time()
         last_gnorm, steps_in_interval = torch.zeros(()), 0
