@@ -41,27 +41,44 @@ def write_records(root: Path) -> None:
     (root / "records" / "job-0.jsonl").write_text("\n".join(lines) + "\n")
 
 
-@pytest.fixture(scope="module")
-def healthy(reference_run, embedded_target, tmp_path_factory) -> Path:
-    """The healthy run: reference data and features, records, a drafter trained 2 steps and exported, the demo's
-    eval report."""
+# the healthy run's training: TRAIN_STEPS steps, held-out points at 1/8, 1/4, 1/2 and the end of them (the learning
+# curve data_size reads)
+TRAIN = {"draft_vocab_size": VOCAB, "ttt_steps": 2, "batch_size": 4, "batch_tokens": 640, "lr": 1e-3,
+         "eval_fraction": 0.1, "eval_every": 1000}
+TRAIN_STEPS = 2
+
+
+def trained_run(runs: Path, name: str, reference_run: Path, target: Path, train: dict, keep_train: int | None = None):
+    """A copy of the reference run with records, a drafter trained with ``train`` and exported, the demo's eval
+    report; ``keep_train``: only that many training samples stay in the data (the held-out ones all stay: the
+    split hashes each sample id)."""
     from draftsmith.config import load_settings
     from draftsmith.drafter.checkpoint import list_checkpoints
+    from draftsmith.drafter.data import TrainSamples
     from draftsmith.drafter.export import export_checkpoint
     from draftsmith.drafter.trainer import Trainer
 
-    runs = tmp_path_factory.mktemp("doctor") / "runs"
-    root = runs / "healthy"
+    root = runs / name
     shutil.copytree(reference_run, root)
-    s = load_settings(None, {"runs_dir": str(runs), "run": "healthy", "target": {"path": str(embedded_target)},
-                             "train": {"draft_vocab_size": VOCAB, "ttt_steps": 2, "max_steps": 2, "batch_size": 4,
-                                       "batch_tokens": 640, "lr": 1e-3, "eval_fraction": 0.1}})
+    if keep_train is not None:
+        train_ids, held_ids = TrainSamples(root / "data").split(train["eval_fraction"])
+        kept = set(sorted(train_ids)[:keep_train]) | set(held_ids)  # the reference run's ids: s000, s001, ...
+        rewrite_samples(root, lambda i, ids, mask: (ids, mask), keep=lambda i: f"s{i:03d}" in kept)
+    s = load_settings(None, {"runs_dir": str(runs), "run": name, "target": {"path": str(target)}, "train": train})
     Trainer(s).run()
-    export_checkpoint(list_checkpoints(root / "checkpoints")[-1], str(embedded_target), root / "export", "both")
+    export_checkpoint(list_checkpoints(root / "checkpoints")[-1], str(target), root / "export", "both")
     write_records(root)
     (root / "eval").mkdir()
     shutil.copy(DEMO_REPORT, root / "eval" / "report.json")
     return root
+
+
+@pytest.fixture(scope="module")
+def healthy(reference_run, embedded_target, tmp_path_factory) -> Path:
+    """The healthy run: reference data and features, records, a drafter trained and exported, the demo's eval
+    report."""
+    runs = tmp_path_factory.mktemp("doctor") / "runs"
+    return trained_run(runs, "healthy", reference_run, embedded_target, {**TRAIN, "max_steps": TRAIN_STEPS})
 
 
 @pytest.fixture
@@ -92,9 +109,9 @@ def edit_weights(root: Path, edit) -> None:
         save_file(edit(load_file(str(f))), str(f), metadata={"format": "pt"})
 
 
-def rewrite_samples(root: Path, make_sample) -> None:
-    """Rewrite the data shard: ``make_sample(index, input_ids list, loss_mask list) -> (ids, mask)``; the manifest
-    follows."""
+def rewrite_samples(root: Path, make_sample, keep=lambda i: True) -> None:
+    """Rewrite the data shard: ``make_sample(index, input_ids list, loss_mask list) -> (ids, mask)`` for each sample
+    ``keep(index)`` keeps; the manifest follows."""
     from draftsmith.artifacts import data as data_artifact
 
     data = root / "data"
@@ -102,7 +119,9 @@ def rewrite_samples(root: Path, make_sample) -> None:
     entry = m["shards"][0]
     shard = data_artifact.read_shard(data, entry)
     pairs = zip(shard.input_ids, shard.loss_mask, strict=True)
-    new = [make_sample(i, ids.tolist(), mask.int().tolist()) for i, (ids, mask) in enumerate(pairs)]
+    kept = [i for i in range(len(entry["sample_ids"])) if keep(i)]
+    new = [make_sample(i, ids.tolist(), mask.int().tolist()) for i, (ids, mask) in enumerate(pairs) if keep(i)]
+    entry["sample_ids"] = [entry["sample_ids"][i] for i in kept]
     offsets = torch.tensor([0] + [len(ids) for ids, _ in new]).cumsum(0)
     save_file({"input_ids": torch.tensor([t for ids, _ in new for t in ids], dtype=torch.int32),
                "loss_mask": torch.tensor([t for _, mask in new for t in mask], dtype=torch.uint8),

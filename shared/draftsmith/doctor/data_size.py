@@ -78,35 +78,54 @@ def check(run: RunView) -> CheckResult:
             note=f"flat: {slope:+.3f} +- {stderr:.3f} accept_len per doubling of the "
             f"samples seen over the last {len(tail)} points",
         )
-    n = _train_samples(run)
-    curve_text = ", ".join(f"{p['samples_seen']:,}: {p['heldout']['accept_len']:.3f}" for p in points)
+    return CheckResult(CHECK, True, [_finding(run, points, tail, slope, stderr, rising, memorises)])
+
+
+def _finding(
+    run: RunView, points, tail, slope: float, stderr: float, rising: bool, memorises: bool
+) -> Finding:
+    """The finding: still rising after a full pass (more data), still rising before one (more training first), or
+    memorising; the evidence is the curve, the fit and the two splits."""
+    n, last = _train_samples(run), points[-1]
+    held, train = last["heldout"]["accept_len"], (last.get("train") or {}).get("accept_len")
+    passes = last["samples_seen"] / n
     evidence = (
-        f"held-out accept_len by samples seen {curve_text}; fit over the last {len(tail)} points: "
-        f"{slope:+.3f} +- {stderr:.3f} per doubling; {last['epoch']} epoch(s) of ~{n:,} training samples"
+        "held-out accept_len by samples seen "
+        + ", ".join(f"{p['samples_seen']:,}: {p['heldout']['accept_len']:.3f}" for p in points)
+        + f"; fit over the last {len(tail)} points: {slope:+.3f} +- {stderr:.3f} per doubling; "
+        f"{passes:.2f} passes over ~{n:,} training samples"
         + ("" if train is None else f"; training split {train:.3f} against held-out {held:.3f}")
     )
-    if slope >= MIN_GAIN:
+    causes = []
+    if rising:
+        causes.append(
+            f"held-out acceptance length still rises {slope:.2f} per doubling of the samples trained on"
+        )
+    if memorises:
+        causes.append(
+            f"the training split accepts {train - held:.2f} more than the held-out one (the drafter "
+            "memorises its samples)"
+        )
+    cost = min(MAX_COST, max(slope if rising else 0.0, 0.5 * (train - held) if memorises else 0.0) / held)
+    if rising and passes < 1 and not memorises:
+        # the run has not used the data it has: more of it would not be read either
+        return Finding(
+            CHECK,
+            "too little training: " + "; ".join(causes) + f", after {passes:.0%} of one pass over the data",
+            cost,
+            evidence,
+            "train on all of the data (train.epochs >= 1, no "
+            "train.max_steps below one epoch), then run doctor again",
+        )
+    if rising:
         factor = 2 ** (TARGET_GAIN / slope)
         more = f"about {math.ceil(n * (factor - 1)):,} more samples (x{factor:.1f}) for +{TARGET_GAIN} accept_len"
     else:
-        more = "more samples (the curve is flat: the gap says the drafter memorises, not how much more data helps)"
-    causes = (
-        [f"held-out acceptance length still rises {slope:.2f} per doubling of the samples trained on"]
-        if rising
-        else []
-    ) + (
-        [
-            f"the training split accepts {train - held:.2f} more than the held-out one "
-            "(the drafter memorises its samples)"
-        ]
-        if memorises
-        else []
-    )
-    cost = min(MAX_COST, max(slope if rising else 0.0, 0.5 * (train - held) if memorises else 0.0) / held)
+        more = (
+            "more samples (the held-out curve is flat, so it cannot say how many; doubling is the usual step)"
+        )
     fix = (
-        f"{more} at this curve: `draftsmith enqueue --run {run.root.name} --source PROMPTS --limit N` (prompts like "
-        "the training ones), generate, then `draftsmith data`, `extract` and `train` with train.resume=false"
+        f"{more}: `draftsmith enqueue --run {run.root.name} --source PROMPTS --limit N` (prompts like the "
+        "training ones), generate, then `draftsmith build-data`, `extract` and `train` with train.resume=false"
     )
-    return CheckResult(
-        CHECK, True, [Finding(CHECK, "too little data: " + "; ".join(causes), cost, evidence, fix)]
-    )
+    return Finding(CHECK, "too little data: " + "; ".join(causes), cost, evidence, fix)
