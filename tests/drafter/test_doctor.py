@@ -134,9 +134,40 @@ def rewrite_samples(root: Path, make_sample, keep=lambda i: True) -> None:
 def test_healthy_run_has_no_finding_and_every_offline_check_ran(healthy):
     findings, results = diagnose(healthy)
     assert findings == [], [f.cause for f in findings]
-    assert all(r.ran for name, r in results.items() if name != "template_live"), {
+    assert all(r.ran for name, r in results.items() if name not in ("template_live", "data_size")), {
         n: r.note for n, r in results.items() if not r.ran}
     assert results["template_live"].needs_server
+    # two steps make two held-out points (step 1 = 1/8..1/2 of the run, and the end): no curve to fit, said so
+    assert not results["data_size"].ran and "2 held-out point(s), needs 3" in results["data_size"].note
+
+
+@pytest.fixture(scope="module")
+def little_data(healthy, reference_run, embedded_target) -> Path:
+    """The healthy run's settings with 4 of its training samples (one micro-batch) trained 32 steps: 32 passes over
+    them; the held-out split is the healthy run's (the split hashes each sample id)."""
+    return trained_run(healthy.parent, "little-data", reference_run, embedded_target,
+                       {**TRAIN, "max_steps": LITTLE_STEPS}, keep_train=4)
+
+
+LITTLE_STEPS = 32
+
+
+def test_too_little_data(little_data):
+    """A drafter trained over and over on 4 samples: the training split accepts far more than the held-out one
+    (its learning curve: held-out points at steps 4, 8, 16 and 32); data_size names it first, with the curve."""
+    from draftsmith.drafter.checkpoint import latest_checkpoint, read_state
+
+    curve = read_state(latest_checkpoint(little_data / "checkpoints"))["learning_curve"]
+    assert [(p["step"], p["samples_seen"]) for p in curve] == [(4, 16), (8, 32), (16, 64), (32, 128)]
+    last = curve[-1]
+    assert last["train"]["accept_len"] - last["heldout"]["accept_len"] >= 0.3, last
+    findings, results = diagnose(little_data)
+    assert findings[0].check == "data_size", [f.cause for f in findings]
+    f = findings[0]
+    assert f.cause.startswith("too little data: ") and "memorises its samples" in f.cause, f.cause
+    assert "32.00 passes over 4 training samples" in f.evidence and "16: " in f.evidence, f.evidence
+    assert f"training split {last['train']['accept_len']:.3f}" in f.evidence
+    assert "draftsmith enqueue --run little-data" in f.fix
 
 
 def test_aux_ids_shifted_by_one(copy):

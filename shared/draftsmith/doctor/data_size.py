@@ -42,10 +42,16 @@ def fit(points: list[dict[str, Any]]) -> tuple[float, float, list[dict[str, Any]
     return float(r.slope), float(r.stderr), tail
 
 
-def _train_samples(run: RunView) -> int:
-    """Distinct training samples: the data's, less the held-out share (``train.eval_fraction``)."""
+def _train_samples(run: RunView) -> int | None:
+    """The run's training samples (its data less the held-out split of ``train.eval_fraction``), None without data."""
+    from draftsmith.drafter.data import held_out
+
+    if not run.data_manifest:
+        return None
     frac = float(((run.settings or {}).get("train") or {}).get("eval_fraction", 0.05))
-    return max(1, round(len(run.data_lengths) * (1 - frac)))
+    return (
+        sum(not held_out(sid, frac) for e in run.data_manifest["shards"] for sid in e["sample_ids"]) or None
+    )
 
 
 def check(run: RunView) -> CheckResult:
@@ -88,12 +94,12 @@ def _finding(
     memorising; the evidence is the curve, the fit and the two splits."""
     n, last = _train_samples(run), points[-1]
     held, train = last["heldout"]["accept_len"], (last.get("train") or {}).get("accept_len")
-    passes = last["samples_seen"] / n
+    passes = last["samples_seen"] / n if n else None
     evidence = (
         "held-out accept_len by samples seen "
         + ", ".join(f"{p['samples_seen']:,}: {p['heldout']['accept_len']:.3f}" for p in points)
-        + f"; fit over the last {len(tail)} points: {slope:+.3f} +- {stderr:.3f} per doubling; "
-        f"{passes:.2f} passes over ~{n:,} training samples"
+        + f"; fit over the last {len(tail)} points: {slope:+.3f} +- {stderr:.3f} per doubling"
+        + ("" if n is None else f"; {passes:.2f} passes over {n:,} training samples")
         + ("" if train is None else f"; training split {train:.3f} against held-out {held:.3f}")
     )
     causes = []
@@ -107,7 +113,7 @@ def _finding(
             "memorises its samples)"
         )
     cost = min(MAX_COST, max(slope if rising else 0.0, 0.5 * (train - held) if memorises else 0.0) / held)
-    if rising and passes < 1 and not memorises:
+    if rising and passes is not None and passes < 1 and not memorises:
         # the run has not used the data it has: more of it would not be read either
         return Finding(
             CHECK,
@@ -119,7 +125,9 @@ def _finding(
         )
     if rising:
         factor = 2 ** (TARGET_GAIN / slope)
-        more = f"about {math.ceil(n * (factor - 1)):,} more samples (x{factor:.1f}) for +{TARGET_GAIN} accept_len"
+        more = (f"about {math.ceil(n * (factor - 1)):,} more samples" if n else "more samples") + (
+            f" (x{factor:.1f} the data) for +{TARGET_GAIN} accept_len"
+        )
     else:
         more = (
             "more samples (the held-out curve is flat, so it cannot say how many; doubling is the usual step)"

@@ -73,14 +73,19 @@ class TrainSamples:
         return str(self.manifest.get("target_model", ""))
 
     def split(self, eval_fraction: float) -> tuple[list[str], list[str]]:
-        """Deterministic train / held-out split by a hash of each sample id."""
+        """Deterministic train / held-out split by a hash of each sample id (:func:`held_out`)."""
         train, held = [], []
         for sid in sorted(self.samples):
-            h = int(hashlib.sha256(sid.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-            (held if h < eval_fraction else train).append(sid)
+            (held if held_out(sid, eval_fraction) else train).append(sid)
         if not train:
             raise DataError("no training sample left after the held-out split", "lower train.eval_fraction")
         return train, held
+
+
+def held_out(sample_id: str, eval_fraction: float) -> bool:
+    """Whether the sample is in the held-out split: the first 8 hex digits of the id's SHA-256, as a share of
+    ``0xFFFFFFFF``, below ``eval_fraction`` (a sample stays on its side whatever else the data holds)."""
+    return int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < eval_fraction
 
 
 class OfflineFeatures:
