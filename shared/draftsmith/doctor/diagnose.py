@@ -69,6 +69,7 @@ def print_report(results: list[CheckResult], console=None, exports: list[dict[st
         console.print(table)
     else:
         console.print("no cause of lost acceptance found by the checks that ran")
+
     def names(ran: bool, server: bool) -> str:
         return ", ".join(r.check for r in results if r.ran == ran and r.needs_server == server) or "none"
 
