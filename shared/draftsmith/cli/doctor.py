@@ -24,8 +24,8 @@ def doctor_cmd(
     json_out: Path | None = typer.Option(None, "--json", help="Also write the findings as JSON to this file."),
 ) -> None:
     """Name what is costing acceptance: the export against what the engine reads, the loss rows, the draft
-    vocabulary coverage, the context and temperature, the chat template, the train/serve gap, the traffic. Exit 0: nothing
-    found; 1: findings; 2: bad input."""
+    vocabulary coverage, the context and temperature, the chat template, the train/serve gap, the traffic, the data size
+    (the run's learning curve). Says which checks needed the server. Exit 0: nothing found; 1: findings; 2: bad input."""
     from draftsmith.doctor.diagnose import diagnose, export_versions, print_report, report, write_json
     from draftsmith.doctor.finding import ranked
     from draftsmith.doctor.run import RunView
