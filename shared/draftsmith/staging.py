@@ -1,6 +1,6 @@
 """A working copy of a run on an object store, for the stages that compute on local files.
 
-Generation writes straight to the store (:mod:`draftsmith.generation.object_records`): many small writes from many
+Generation writes straight to the store (:mod:`draftsmith.artifacts.object_records`): many small writes from many
 hosts. The later stages read and write large files with memory maps and torch (samples, features, checkpoints), so
 a stage of a run whose ``runs_dir`` is a URL works on a local copy of the run under ``stage_dir``:
 
