@@ -20,7 +20,7 @@ from pathlib import Path
 
 from draftsmith.artifacts import features as artifact
 from draftsmith.artifacts.features import FEATURES_SCHEMA as MANIFEST_SCHEMA  # noqa: F401 (re-exported)
-from draftsmith.artifacts.features import SHARD_SCHEMA, shard_file, sidecar_file  # noqa: F401 (re-exported)
+from draftsmith.artifacts.features import SHARD_SCHEMA, FeatureStore, shard_file, sidecar_file  # noqa: F401 (re-exported)
 from draftsmith.artifacts.status import snapshot_path, stage_snapshot
 from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import DataError
@@ -171,18 +171,39 @@ def _raise_if_disk_full(e: BaseException, features_dir: Path, index: int) -> Non
         ) from e
 
 
+class LocalFeatureStore(FeatureStore):
+    """The feature shards of a run on a local disk: extraction writes them in place (the working copy is the run),
+    and the manifest is rebuilt under the folder's ``flock`` so parallel jobs never lose each other's shards."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.features_dir = self.root / artifact.FEATURES_DIR
+
+    def working_copy(self) -> Path:
+        return self.root
+
+    def done_shards(self) -> set[int]:
+        return {artifact.shard_index(s["file"]) for s in artifact.complete_sidecars(self.features_dir)}
+
+    def sidecar(self, index: int) -> dict | None:
+        return read_sidecar(self.features_dir, index)
+
+    def write_manifest(self, manifest: dict) -> None:
+        artifact.write_manifest(self.features_dir, manifest)
+
+    def rebuild_manifest(self, header: dict) -> dict:
+        with locked(self.features_dir):
+            return super().rebuild_manifest(header)
+
+
 def rebuild_manifest(plan: ExtractPlan) -> dict:
-    """Rewrite ``features/manifest.json`` from the complete shards' sidecars (under the store lock).
+    """Rewrite ``features/manifest.json`` of the plan's folder from its complete shards' sidecars (under the lock).
 
     Returns:
         The manifest: :meth:`ExtractPlan.manifest_header` plus ``shards`` (file, sample_ids, lengths, sha256,
         skipped) in index order, ``samples``, ``tokens`` and ``skipped_samples``.
     """
-    with locked(plan.features_dir):
-        sides = [s for i in range(len(plan.shards)) if (s := read_sidecar(plan.features_dir, i))]
-        m = artifact.manifest_from_sidecars(plan.manifest_header(), sides)
-        artifact.write_manifest(plan.features_dir, m)
-    return m
+    return LocalFeatureStore(Path(plan.features_dir).parent).rebuild_manifest(plan.manifest_header())
 
 
 def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None = None) -> dict:
