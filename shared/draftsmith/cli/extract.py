@@ -81,7 +81,7 @@ def extract_cmd(
         return
     from draftsmith.features.queue import enqueue_shards
 
-    ids = enqueue_shards(s, store.key, pending)
+    ids = enqueue_shards(s, str(store.root), pending)
     typer.echo(f"enqueued {len(ids)} extraction jobs on {s.redis.prefix}:extract; run `draftsmith worker "
                f"--queues extract` to process them (on any host with the same runs_dir and, for an object store, "
                "its AWS_* variables)")
