@@ -33,7 +33,13 @@ def remote_tests(root: Path = PACKAGE) -> list[str]:
         if rel.startswith(STORE_MODULES):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            name = (
+                node.id
+                if isinstance(node, ast.Name)
+                else node.attr
+                if isinstance(node, ast.Attribute)
+                else None
+            )
             if name in REMOTE_TESTS:
                 out.append(f"{rel}:{node.lineno} {name}")
             if isinstance(node, ast.ImportFrom):
@@ -48,7 +54,9 @@ def test_no_stage_asks_where_a_run_lives():
 def test_a_planted_remote_test_in_a_stage_is_found(tmp_path):
     stage = tmp_path / "generation" / "jobs.py"
     stage.parent.mkdir()
-    stage.write_text("from draftsmith.artifacts.location import is_remote\n\nif is_remote('s3://b/r'):\n    pass\n")
+    stage.write_text(
+        "from draftsmith.artifacts.location import is_remote\n\nif is_remote('s3://b/r'):\n    pass\n"
+    )
     (tmp_path / "artifacts").mkdir()
     (tmp_path / "artifacts" / "location.py").write_text("def is_remote(x):\n    return True\n")
     assert remote_tests(tmp_path) == ["generation/jobs.py:1 is_remote", "generation/jobs.py:3 is_remote"]
@@ -57,7 +65,9 @@ def test_a_planted_remote_test_in_a_stage_is_found(tmp_path):
 def test_each_store_is_picked_once_from_the_location(tmp_path):
     local = record_store(tmp_path / "records")
     assert isinstance(local, LocalRecordStore) and local.location == (tmp_path / "records").resolve()
-    assert record_store(str(tmp_path / "records")) is local  # one store per folder and process: its caches kept
+    assert (
+        record_store(str(tmp_path / "records")) is local
+    )  # one store per folder and process: its caches kept
     remote = record_store("s3://bucket/runs/r/records/")
     assert isinstance(remote, ObjectRecordStore) and remote.url == "s3://bucket/runs/r/records"
     assert record_store("s3://bucket/runs/r/records") is remote
@@ -86,8 +96,17 @@ def test_the_local_feature_store_counts_a_shard_once_its_file_and_sidecar_are_th
     d = tmp_path / "r" / "features"
     d.mkdir(parents=True)
     for i, n in ((0, 3), (1, 2), (2, 4)):
-        side = {"file": shard_file(i), "data_shard": i, "sample_ids": [f"s{i}-{k}" for k in range(n)],
-                "lengths": [5] * n, "tokens": 5 * n, "sha256": "0" * 64, "skipped": [], "bytes": 10, "seconds": 1.0}
+        side = {
+            "file": shard_file(i),
+            "data_shard": i,
+            "sample_ids": [f"s{i}-{k}" for k in range(n)],
+            "lengths": [5] * n,
+            "tokens": 5 * n,
+            "sha256": "0" * 64,
+            "skipped": [],
+            "bytes": 10,
+            "seconds": 1.0,
+        }
         (d / sidecar_file(i)).write_text(json.dumps(side))
         if i != 1:  # shard 1's file is missing: a writer died between the two, it is not done
             (d / shard_file(i)).write_bytes(b"x")

@@ -41,7 +41,7 @@ def shard_index(name: str) -> int | None:
     """The index of the feature shard or sidecar file ``name`` (``features-00007.json`` -> 7); None for any other
     name (the manifest, temporary files)."""
     stem = name.rsplit(".", 1)[0]
-    digits = stem[len("features-"):]
+    digits = stem[len("features-") :]
     return int(digits) if stem.startswith("features-") and digits.isdigit() else None
 
 
@@ -97,10 +97,14 @@ def read_manifest(features_dir: Path) -> dict[str, Any]:
         raise DataError(f"no features manifest at {f}", f"run the stage that writes {f.parent.name}/ first")
     m = json.loads(f.read_text())
     if m.get("schema") != FEATURES_SCHEMA:
-        raise DataError(f"{f} has schema {m.get('schema')!r}, expected {FEATURES_SCHEMA!r}",
-                        "rebuild it with this version")
+        raise DataError(
+            f"{f} has schema {m.get('schema')!r}, expected {FEATURES_SCHEMA!r}",
+            "rebuild it with this version",
+        )
     if m.get("final_hidden", "post_norm") != "post_norm":
-        raise DataError("features store a pre-norm final hidden state", "re-extract with final_hidden=post_norm")
+        raise DataError(
+            "features store a pre-norm final hidden state", "re-extract with final_hidden=post_norm"
+        )
     return m
 
 
@@ -108,8 +112,11 @@ def manifest_from_sidecars(header: dict[str, Any], sides: list[dict[str, Any]]) 
     """A features manifest: the run-level fields of ``header`` plus ``shards``, ``samples``, ``tokens`` and
     ``skipped_samples`` from the shard sidecars ``sides`` (in shard order)."""
     keep = ("file", "data_shard", "sample_ids", "lengths", "sha256", "skipped")
-    m = {k: v for k, v in header.items() if k not in ("shards", "samples", "tokens", "skipped_samples",
-                                                      "code_version")}
+    m = {
+        k: v
+        for k, v in header.items()
+        if k not in ("shards", "samples", "tokens", "skipped_samples", "code_version")
+    }
     m["shards"] = [{k: s[k] for k in keep if k in s} for s in sides]
     m["samples"] = sum(len(s["sample_ids"]) for s in sides)
     m["tokens"] = sum(s["tokens"] for s in sides)
@@ -130,10 +137,15 @@ def rebuild_from_sidecars(features_dir: Path) -> dict[str, Any] | None:
         return None
     d = Path(features_dir)
     # the manifest's own entries, then every sidecar's (a sidecar wins): no shard the manifest lists is dropped
-    shards = {e["file"]: {**e, "tokens": sum(e["lengths"])} for e in header.get("shards", [])
-              if (d / e["file"]).is_file()}
+    shards = {
+        e["file"]: {**e, "tokens": sum(e["lengths"])}
+        for e in header.get("shards", [])
+        if (d / e["file"]).is_file()
+    }
     shards.update((s["file"], s) for s in complete_sidecars(d))
-    m = manifest_from_sidecars(header, [shards[k] for k in sorted(shards)])  # file names sort as shard indices
+    m = manifest_from_sidecars(
+        header, [shards[k] for k in sorted(shards)]
+    )  # file names sort as shard indices
     write_manifest(d, m)
     return m
 

@@ -60,7 +60,7 @@ def run_location(value: Location | str | os.PathLike) -> Location:
         return value
     if not is_remote(value):
         text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-        return Path(text[len("file://"):] if text.startswith("file://") else text)
+        return Path(text[len("file://") :] if text.startswith("file://") else text)
     if getattr(value, "protocol", None) is not None:
         return value
     from upath import UPath
@@ -71,8 +71,10 @@ def run_location(value: Location | str | os.PathLike) -> Location:
         # their objects, or fail a read of an object replaced since ("FileExpired")
         return UPath(url, use_listings_cache=False)
     except (ImportError, ValueError) as e:
-        raise StorageError(f"no fsspec file system for {mask_url(url)} ({e})",
-                           "install the scheme's package (s3fs for s3://, gcsfs for gs://, adlfs for az://)") from e
+        raise StorageError(
+            f"no fsspec file system for {mask_url(url)} ({e})",
+            "install the scheme's package (s3fs for s3://, gcsfs for gs://, adlfs for az://)",
+        ) from e
 
 
 def run_key(root: Location | str) -> str:
@@ -103,21 +105,39 @@ def describe_store_error(location: Location | str, e: BaseException) -> StorageE
     text = f"{type(e).__name__}: {e}"
     low = text.lower()
     if "nosuchbucket" in low or "bucket does not exist" in low or "specified bucket" in low:
-        return StorageError(f"the bucket of {url} does not exist ({e})",
-                            "create it (e.g. `aws s3 mb`, or your store's console) or fix runs_dir")
-    if isinstance(e, PermissionError) or any(k in low for k in (
-            "accessdenied", "access denied", "invalidaccesskeyid", "signaturedoesnotmatch", "signature we calculated",
-            "forbidden", "403", "credentials")):
-        return StorageError(f"the object store refused access to {url} ({type(e).__name__})",
-                            "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or your store's credentials) in "
-                            "this process's environment")
+        return StorageError(
+            f"the bucket of {url} does not exist ({e})",
+            "create it (e.g. `aws s3 mb`, or your store's console) or fix runs_dir",
+        )
+    if isinstance(e, PermissionError) or any(
+        k in low
+        for k in (
+            "accessdenied",
+            "access denied",
+            "invalidaccesskeyid",
+            "signaturedoesnotmatch",
+            "signature we calculated",
+            "forbidden",
+            "403",
+            "credentials",
+        )
+    ):
+        return StorageError(
+            f"the object store refused access to {url} ({type(e).__name__})",
+            "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or your store's credentials) in "
+            "this process's environment",
+        )
     if any(k in low for k in ("connect", "endpoint", "timed out", "timeout", "name or service", "refused")):
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the store's default endpoint"
-        return StorageError(f"the object store of {url} cannot be reached at {mask_url(endpoint)} ({type(e).__name__})",
-                            "start the store or fix AWS_ENDPOINT_URL; finished work on it is kept, and the stage "
-                            "resumes when it is back")
-    return StorageError(f"object store error on {url} ({text[:300]})",
-                        "check runs_dir, the store and its credentials (AWS_* variables)")
+        return StorageError(
+            f"the object store of {url} cannot be reached at {mask_url(endpoint)} ({type(e).__name__})",
+            "start the store or fix AWS_ENDPOINT_URL; finished work on it is kept, and the stage "
+            "resumes when it is back",
+        )
+    return StorageError(
+        f"object store error on {url} ({text[:300]})",
+        "check runs_dir, the store and its credentials (AWS_* variables)",
+    )
 
 
 def probe(root: Location) -> None:

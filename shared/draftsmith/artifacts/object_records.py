@@ -172,8 +172,10 @@ class ObjectRecordStore(RecordStore):
     def rebuild_manifest(self) -> dict[str, Any]:
         """Write ``records/manifest.json`` from the listing (one PUT that replaces the previous manifest)."""
         idx = self.done_index()
-        shards = [{k: m.get(k) for k in ("shard", "count", "ok", "sha256", "created_at")}
-                  for _, m in sorted(idx.sidecars.items())]
+        shards = [
+            {k: m.get(k) for k in ("shard", "count", "ok", "sha256", "created_at")}
+            for _, m in sorted(idx.sidecars.items())
+        ]
         manifest = {
             "schema": artifact.MANIFEST_SCHEMA,
             "shards": shards,

@@ -51,7 +51,9 @@ def shard_of(sidecar: Path) -> Path:
 
 def sidecar_files(records_dir: Path) -> list[Path]:
     """The shard sidecars of a records folder, sorted by name (hidden temporary files left out)."""
-    return sorted(p for p in run_location(records_dir).glob("*" + SIDECAR_SUFFIX) if not p.name.startswith("."))
+    return sorted(
+        p for p in run_location(records_dir).glob("*" + SIDECAR_SUFFIX) if not p.name.startswith(".")
+    )
 
 
 def shard_files(records_dir: Path) -> list[Path]:
@@ -98,7 +100,8 @@ class RecordTally(NamedTuple):
 def cut_answer(record: dict[str, Any]) -> bool:
     """Whether an ``ok`` record has a turn that stopped at its length limit (``finish_reason: length``)."""
     return record.get("status") == "ok" and any(
-        (t or {}).get("finish_reason") == "length" for t in record.get("turns") or [])
+        (t or {}).get("finish_reason") == "length" for t in record.get("turns") or []
+    )
 
 
 def parse_shard(shard: Any, lines: Iterable[str]) -> Iterator[dict[str, Any]]:
@@ -112,8 +115,10 @@ def parse_shard(shard: Any, lines: Iterable[str]) -> Iterator[dict[str, Any]]:
             try:
                 yield json.loads(line)
             except ValueError as e:
-                raise DataError(f"{shard}:{lineno} is not valid JSON",
-                                f"delete the shard and its {SIDECAR_SUFFIX} to regenerate it") from e
+                raise DataError(
+                    f"{shard}:{lineno} is not valid JSON",
+                    f"delete the shard and its {SIDECAR_SUFFIX} to regenerate it",
+                ) from e
 
 
 def shard_meta(name: str, records: list[dict[str, Any]], text: bytes, created_at: str) -> dict[str, Any]:
@@ -138,8 +143,10 @@ def shard_text(records: list[dict[str, Any]]) -> bytes:
 
 def unreadable_sidecar(path: object, e: BaseException) -> DataError:
     """The one error for a sidecar that cannot be read (named, with the fix)."""
-    return DataError(f"shard sidecar {path} is unreadable ({e})",
-                     "remove it and its .jsonl shard; those prompts will be regenerated")
+    return DataError(
+        f"shard sidecar {path} is unreadable ({e})",
+        "remove it and its .jsonl shard; those prompts will be regenerated",
+    )
 
 
 class DoneSet(Protocol):

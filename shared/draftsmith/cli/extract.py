@@ -14,7 +14,9 @@ from draftsmith.signals import keep
 
 @app.command("extract")
 def extract_cmd(
-    run: str = typer.Option(..., "--run", help="Run name (reads runs/<run>/data, writes runs/<run>/features)."),
+    run: str = typer.Option(
+        ..., "--run", help="Run name (reads runs/<run>/data, writes runs/<run>/features)."
+    ),
     backend: str | None = setting_option("extract.backend", "--backend"),
     layers: str | None = typer.Option(
         None, "--layers", help="Aux layer ids a,b,c = outputs of decoder layers (default 1,L//2-1,L-4)."
@@ -45,12 +47,17 @@ def extract_cmd(
 
     s, adopted = adopt_recorded(s, run_location(s.runs_dir) / s.run, RUN_SECTIONS)
     if adopted:
-        typer.echo("continuing with the run's recorded " + ", ".join(
-            f"{k}={getattr(s.extract, k.split('.')[1])!r}" for k in adopted) + " (set them to change the run)")
+        typer.echo(
+            "continuing with the run's recorded "
+            + ", ".join(f"{k}={getattr(s.extract, k.split('.')[1])!r}" for k in adopted)
+            + " (set them to change the run)"
+        )
     if backend and not sync:
-        typer.echo(f"note: --backend {backend} applies to --sync only; queued jobs run on the extraction workers' "
-                   "own extract.backend (DRAFTSMITH_EXTRACT__BACKEND in their environment, EXTRACT_BACKEND in .env)",
-                   err=True)
+        typer.echo(
+            f"note: --backend {backend} applies to --sync only; queued jobs run on the extraction workers' "
+            "own extract.backend (DRAFTSMITH_EXTRACT__BACKEND in their environment, EXTRACT_BACKEND in .env)",
+            err=True,
+        )
     store = feature_store(run_location(s.runs_dir) / s.run, s.stage_dir)
     where = mask_url(store.key)
     keep(f"the finished feature shards in {where}")
@@ -59,16 +66,26 @@ def extract_cmd(
     done = store.done_shards()
     pending = [i for i in range(len(plan.shards)) if i not in done]
     # the working copy holds every pending shard, or (on an object store) the one in hand until it is handed over
-    held = pending if store.keeps_shards else sorted(pending, key=lambda i: sum(plan.shards[i]["lengths"]))[-1:]
+    held = (
+        pending if store.keeps_shards else sorted(pending, key=lambda i: sum(plan.shards[i]["lengths"]))[-1:]
+    )
     need, free = check_disk(plan, held, s.extract.disk_margin)
     log.info(
         "extract %s in %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done)",
-        run, where, plan.backend if sync else "of each worker", plan.layer_ids, [i + 1 for i in plan.layer_ids],
-        len(pending), len(plan.shards), len(plan.shards) - len(pending),
+        run,
+        where,
+        plan.backend if sync else "of each worker",
+        plan.layer_ids,
+        [i + 1 for i in plan.layer_ids],
+        len(pending),
+        len(plan.shards),
+        len(plan.shards) - len(pending),
     )
-    typer.echo(f"feature store: {need / 1e9:.2f} GB to write ({plan.bytes_per_token():,} B/token x "
-               f"{sum(sum(plan.shards[i]['lengths']) for i in held):,} tokens), {free / 1e9:.2f} GB free under "
-               f"{plan.features_dir}")
+    typer.echo(
+        f"feature store: {need / 1e9:.2f} GB to write ({plan.bytes_per_token():,} B/token x "
+        f"{sum(sum(plan.shards[i]['lengths']) for i in held):,} tokens), {free / 1e9:.2f} GB free under "
+        f"{plan.features_dir}"
+    )
     paths = RunPaths(Path(plan.run_dir).parent, s.run)
     paths.ensure(paths.features, paths.status)
     store.rebuild_manifest(plan.manifest_header())
@@ -82,9 +99,11 @@ def extract_cmd(
     from draftsmith.features.queue import enqueue_shards
 
     ids = enqueue_shards(s, str(store.root), pending)
-    typer.echo(f"enqueued {len(ids)} extraction jobs on {s.redis.prefix}:extract; run `draftsmith worker "
-               f"--queues extract` to process them (on any host with the same runs_dir and, for an object store, "
-               "its AWS_* variables)")
+    typer.echo(
+        f"enqueued {len(ids)} extraction jobs on {s.redis.prefix}:extract; run `draftsmith worker "
+        f"--queues extract` to process them (on any host with the same runs_dir and, for an object store, "
+        "its AWS_* variables)"
+    )
 
 
 def extract_here(s, store, plan, pending: list[int], status_dir: Path) -> None:
@@ -103,5 +122,7 @@ def extract_here(s, store, plan, pending: list[int], status_dir: Path) -> None:
         extract_into_store(s, store, plan, i)
     m = store.rebuild_manifest(plan.manifest_header())
     snap = write_status(plan, status_dir)
-    typer.echo(f"extracted {len(m['shards'])}/{snap['shards_total']} shards, {m['samples']} samples, "
-               f"{m['tokens']} tokens, {snap['bytes_written'] / 1e6:.1f} MB, skipped {m['skipped_samples']}")
+    typer.echo(
+        f"extracted {len(m['shards'])}/{snap['shards_total']} shards, {m['samples']} samples, "
+        f"{m['tokens']} tokens, {snap['bytes_written'] / 1e6:.1f} MB, skipped {m['skipped_samples']}"
+    )

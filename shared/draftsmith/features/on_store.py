@@ -58,7 +58,11 @@ class ObjectFeatureStore(FeatureStore):
         self.local = local_root(stage_dir, root)
 
     def working_copy(self) -> Path:
-        pull(self.root, self.local, (f"data/{data_artifact.MANIFEST_FILE}", f"{FEATURES}/{artifact.MANIFEST_FILE}"))
+        pull(
+            self.root,
+            self.local,
+            (f"data/{data_artifact.MANIFEST_FILE}", f"{FEATURES}/{artifact.MANIFEST_FILE}"),
+        )
         return self.local
 
     def done_shards(self) -> set[int]:
@@ -73,7 +77,9 @@ class ObjectFeatureStore(FeatureStore):
             return None
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        write_bytes(self.root / FEATURES / artifact.MANIFEST_FILE, json.dumps(stamp(manifest), indent=1).encode())
+        write_bytes(
+            self.root / FEATURES / artifact.MANIFEST_FILE, json.dumps(stamp(manifest), indent=1).encode()
+        )
         artifact.write_manifest(self.local / FEATURES, manifest)
 
     def fetch(self, rels: Sequence[str]) -> None:

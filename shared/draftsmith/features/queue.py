@@ -49,8 +49,10 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     q = Queue(queue_name(settings.redis.prefix, "extract"), connection=conn, serializer=JSONSerializer)
     dumped = run_settings(settings)
     if changed := record(run_dir, dumped, RUN_SECTIONS):
-        log.warning("the run's settings change (%s): jobs still queued with the old values will be refused",
-                    "; ".join(changed))
+        log.warning(
+            "the run's settings change (%s): jobs still queued with the old values will be refused",
+            "; ".join(changed),
+        )
     wanted = {job_id(settings.run, shard) for shard in shards}
     jobs = settle(q, keep=lambda job: job.id in wanted)
     ids = []
@@ -68,9 +70,15 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
         old = fetch_job(conn, jid)
         if old is not None:
             old.delete()  # finished or failed for good: the shard's sidecar says whether it is done
-        q.enqueue(JOB_FUNC, args=(run_dir, shard, dumped), job_id=jid,
-                  job_timeout=settings.extract.job_timeout_s, result_ttl=7 * 86400, failure_ttl=7 * 86400,
-                  description=f"extract {settings.run} shard {shard}")
+        q.enqueue(
+            JOB_FUNC,
+            args=(run_dir, shard, dumped),
+            job_id=jid,
+            job_timeout=settings.extract.job_timeout_s,
+            result_ttl=7 * 86400,
+            failure_ttl=7 * 86400,
+            description=f"extract {settings.run} shard {shard}",
+        )
         ids.append(jid)
     log.info("enqueued %d extraction jobs on %s", len(ids), q.name)
     return ids

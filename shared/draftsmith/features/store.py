@@ -30,8 +30,15 @@ from draftsmith.log import get_logger
 log = get_logger(__name__)
 
 # run-level manifest fields that must not change between a run and its resume
-_PINNED = ("target_model", "target_revision", "tokenizer_sha256", "layer_ids", "hidden_size", "dtype",
-           "data_manifest_sha256")
+_PINNED = (
+    "target_model",
+    "target_revision",
+    "tokenizer_sha256",
+    "layer_ids",
+    "hidden_size",
+    "dtype",
+    "data_manifest_sha256",
+)
 
 
 @contextmanager
@@ -84,8 +91,12 @@ def check_compatible(plan: ExtractPlan) -> None:
 
 def shard_metadata(plan: ExtractPlan) -> dict[str, str]:
     """The safetensors ``__metadata__`` of a feature shard (formats.md §4)."""
-    return {"schema": SHARD_SCHEMA, "layer_ids": json.dumps(plan.layer_ids), "final_hidden": "post_norm",
-            "target_model": plan.target_model}
+    return {
+        "schema": SHARD_SCHEMA,
+        "layer_ids": json.dumps(plan.layer_ids),
+        "final_hidden": "post_norm",
+        "target_model": plan.target_model,
+    }
 
 
 @contextmanager
@@ -105,10 +116,13 @@ def open_shard(plan: ExtractPlan, index: int, lengths: Sequence[int]):
     tmp = d / f".{shard_file(index)}.tmp-{os.getpid()}"
     w = None
     try:
-        w = ShardWriter(tmp, lengths, plan.hidden_size, torch_dtype(plan.dtype), shard_metadata(plan),
-                        len(plan.layer_ids))
+        w = ShardWriter(
+            tmp, lengths, plan.hidden_size, torch_dtype(plan.dtype), shard_metadata(plan), len(plan.layer_ids)
+        )
         yield w
-    except BaseException as e:  # a full disk mid-shard: nothing half-written stays, the shard is redone next run
+    except (
+        BaseException
+    ) as e:  # a full disk mid-shard: nothing half-written stays, the shard is redone next run
         if w is not None:
             w.close()
         tmp.unlink(missing_ok=True)
@@ -116,8 +130,9 @@ def open_shard(plan: ExtractPlan, index: int, lengths: Sequence[int]):
         raise
 
 
-def finish_shard(plan: ExtractPlan, index: int, writer, sample_ids: Sequence[str], skipped: list[dict],
-                 seconds: float) -> dict:
+def finish_shard(
+    plan: ExtractPlan, index: int, writer, sample_ids: Sequence[str], skipped: list[dict], seconds: float
+) -> dict:
     """Finish the shard ``writer`` wrote (:meth:`ShardWriter.finish`), rename it into place, then write its sidecar;
     each step atomic.
 
@@ -151,7 +166,9 @@ def finish_shard(plan: ExtractPlan, index: int, writer, sample_ids: Sequence[str
     }
     try:
         atomic_write_text(d / sidecar_file(index), json.dumps(side, indent=1))
-    except BaseException as e:  # a shard without its sidecar is never counted: remove it, it is redone next run
+    except (
+        BaseException
+    ) as e:  # a shard without its sidecar is never counted: remove it, it is redone next run
         path.unlink(missing_ok=True)
         _raise_if_disk_full(e, d, index)
         raise
@@ -241,10 +258,12 @@ def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None =
             "compute_tokens_per_s": round(sum(s["tokens"] for s in sides) / secs, 1) if secs else 0.0,
         }
         n = numbers
-        line = (f"shards {n['shards_done']}/{n['shards_total']}, samples {n['samples_done']}/{n['samples_total']}, "
-                f"tokens {n['tokens_done']}/{n['tokens_total']}, {n['tokens_per_s']:.0f} tok/s, "
-                f"{n['bytes_written'] / 1e6:.1f} MB written, {n['free_disk_bytes'] / 1e9:.1f} GB free, "
-                f"skipped {n['skipped_samples']}")
+        line = (
+            f"shards {n['shards_done']}/{n['shards_total']}, samples {n['samples_done']}/{n['samples_total']}, "
+            f"tokens {n['tokens_done']}/{n['tokens_total']}, {n['tokens_per_s']:.0f} tok/s, "
+            f"{n['bytes_written'] / 1e6:.1f} MB written, {n['free_disk_bytes'] / 1e9:.1f} GB free, "
+            f"skipped {n['skipped_samples']}"
+        )
         done = n["shards_total"] > 0 and n["shards_done"] >= n["shards_total"]
         snap = stage_snapshot("extract", "done" if done else "running", line, **numbers)
         status_dir.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,9 @@ def record_tally(records_dir: Location) -> RecordTally:
     return record_store(records_dir).tally()
 
 
-def write_shard(records_dir: Location, name: str, records: list[dict[str, Any]]) -> tuple[Location | None, int]:
+def write_shard(
+    records_dir: Location, name: str, records: list[dict[str, Any]]
+) -> tuple[Location | None, int]:
     """Write ``records`` as a new shard of job ``name`` unless their prompts are done already
     (:meth:`~draftsmith.artifacts.records.RecordStore.write_shard`).
 
