@@ -28,13 +28,10 @@ def extract_cmd(
 
     Queued (without --sync), the jobs carry the run's settings only (layers, stored dtype); the extraction workers
     use their own backend, device and tensor/expert parallel settings (docs/configuration.md)."""
-    from draftsmith.features.on_store import feature_store, plan_of
-    from draftsmith.features.plan import check_disk
-    from draftsmith.features.store import check_compatible, write_status
-    from draftsmith.log import get_logger
+    from draftsmith.features.on_store import feature_store
+    from draftsmith.features.store import write_status
     from draftsmith.paths import RunPaths
 
-    log = get_logger("draftsmith.extract")
     layer_list = [int(x) for x in layers.split(",")] if layers else None
     if layers:
         from draftsmith.features.layers import parse_layer_ids
@@ -61,31 +58,7 @@ def extract_cmd(
     store = feature_store(run_location(s.runs_dir) / s.run, s.stage_dir)
     where = mask_url(store.key)
     keep(f"the finished feature shards in {where}")
-    plan = plan_of(store, s)
-    check_compatible(plan)
-    done = store.done_shards()
-    pending = [i for i in range(len(plan.shards)) if i not in done]
-    # the working copy holds every pending shard, or (on an object store) the one in hand until it is handed over
-    held = (
-        pending if store.keeps_shards else sorted(pending, key=lambda i: sum(plan.shards[i]["lengths"]))[-1:]
-    )
-    need, free = check_disk(plan, held, s.extract.disk_margin)
-    log.info(
-        "extract %s in %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done)",
-        run,
-        where,
-        plan.backend if sync else "of each worker",
-        plan.layer_ids,
-        [i + 1 for i in plan.layer_ids],
-        len(pending),
-        len(plan.shards),
-        len(plan.shards) - len(pending),
-    )
-    typer.echo(
-        f"feature store: {need / 1e9:.2f} GB to write ({plan.bytes_per_token():,} B/token x "
-        f"{sum(sum(plan.shards[i]['lengths']) for i in held):,} tokens), {free / 1e9:.2f} GB free under "
-        f"{plan.features_dir}"
-    )
+    plan, pending = plan_pending(s, store, sync)
     paths = RunPaths(Path(plan.run_dir).parent, s.run)
     paths.ensure(paths.features, paths.status)
     store.rebuild_manifest(plan.manifest_header())
@@ -126,3 +99,51 @@ def extract_here(s, store, plan, pending: list[int], status_dir: Path) -> None:
         f"extracted {len(m['shards'])}/{snap['shards_total']} shards, {m['samples']} samples, "
         f"{m['tokens']} tokens, {snap['bytes_written'] / 1e6:.1f} MB, skipped {m['skipped_samples']}"
     )
+
+
+def plan_pending(s, store, sync: bool) -> tuple:
+    """The run's extraction plan (made on the store's working copy, checked against the features already there) and
+    its pending shards, with the disk the working copy needs checked and the plan printed.
+
+    Returns:
+        ``(plan, pending)``: the :class:`~draftsmith.features.plan.ExtractPlan` and the shard indices not yet in the
+        store.
+
+    Raises:
+        DataError: the store holds features made with other settings; DiskSpaceError: the working copy's disk lacks
+            room; StorageError: the object store failed.
+    """
+    from draftsmith.artifacts.location import mask_url
+    from draftsmith.features.on_store import plan_of
+    from draftsmith.features.plan import check_disk
+    from draftsmith.features.store import check_compatible
+    from draftsmith.log import get_logger
+
+    log = get_logger("draftsmith.extract")
+    where = mask_url(store.key)
+    plan = plan_of(store, s)
+    check_compatible(plan)
+    done = store.done_shards()
+    pending = [i for i in range(len(plan.shards)) if i not in done]
+    # the working copy holds every pending shard, or (on an object store) the one in hand until it is handed over
+    held = (
+        pending if store.keeps_shards else sorted(pending, key=lambda i: sum(plan.shards[i]["lengths"]))[-1:]
+    )
+    need, free = check_disk(plan, held, s.extract.disk_margin)
+    log.info(
+        "extract %s in %s: backend %s, layers %s (vLLM ids %s), %d/%d shards pending (skipping %d already done)",
+        s.run,
+        where,
+        plan.backend if sync else "of each worker",
+        plan.layer_ids,
+        [i + 1 for i in plan.layer_ids],
+        len(pending),
+        len(plan.shards),
+        len(plan.shards) - len(pending),
+    )
+    typer.echo(
+        f"feature store: {need / 1e9:.2f} GB to write ({plan.bytes_per_token():,} B/token x "
+        f"{sum(sum(plan.shards[i]['lengths']) for i in held):,} tokens), {free / 1e9:.2f} GB free under "
+        f"{plan.features_dir}"
+    )
+    return plan, pending
