@@ -289,11 +289,14 @@ def extract_into_store(s, store: FeatureStore, plan: ExtractPlan, index: int, ex
         StorageError: the object store failed (what was handed over before stays; the job can be run again).
         DiskSpaceError: the working copy's disk filled up (finished shards are kept).
     """
+    side = store.sidecar(index)
+    return _already_stored(index, side) if side is not None else _extract_and_hand_over(s, store, plan, index, extractor)
+
+
+def _extract_and_hand_over(s, store: FeatureStore, plan: ExtractPlan, index: int, extractor: Any = None) -> dict:
+    """:func:`extract_into_store` of a shard the store was just found not to hold."""
     if not 0 <= index < len(plan.shards):
         raise DataError(f"shard {index} does not exist: the data has {len(plan.shards)} shards", "re-enqueue")
-    side = store.sidecar(index)
-    if side is not None:
-        return _already_stored(index, side)
     check_compatible(plan)
     store.fetch((f"data/{plan.shards[index]['file']}",))
     if extractor is None and read_sidecar(plan.features_dir, index) is None:
@@ -329,5 +332,7 @@ def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
     setup_logging(s.log_level)
     store = feature_store(run_dir, s.stage_dir)
     side = store.sidecar(shard)  # a shard already stored costs no plan and no pull
-    result = _already_stored(shard, side) if side is not None else extract_into_store(s, store, plan_of(store, s), shard)
+    result = (
+        _already_stored(shard, side) if side is not None else _extract_and_hand_over(s, store, plan_of(store, s), shard)
+    )
     return {**result, "host": host_of(s)}
