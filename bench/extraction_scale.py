@@ -96,12 +96,13 @@ def through_queue_s3(runs: Path, target: Path, redis_url: str, batch_tokens: int
     """:func:`through_queue` with the run on the object store at ``url`` (its data pushed first, untimed): the worker
     pulls each data shard into its own working copy and pushes each feature shard (features/on_store.py)."""
     from draftsmith.artifacts.location import run_location
-    from draftsmith.features.on_store import done_shards
+    from draftsmith.features.on_store import feature_store
     from draftsmith.staging import push
 
     s = settings_for(runs, target, redis_url, batch_tokens)
     plan = make_plan(s, runs / "b")
     root = run_location(url) / "b"
+    done_shards = feature_store(root, runs / "stage").done_shards
     push(runs / "b", root, ("data",))
     enqueue_shards(s, str(root), list(range(len(plan.shards))))
     env = {**os.environ, **_env(runs, target, redis_url, batch_tokens, threads), "DRAFTSMITH_RUNS_DIR": url,
@@ -110,8 +111,8 @@ def through_queue_s3(runs: Path, target: Path, redis_url: str, batch_tokens: int
     p = subprocess.run([sys.executable, "-m", "draftsmith", "worker", "--queues", "extract", "--processes", "1",
                         "--burst", "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=3600)
     seconds = time.perf_counter() - t0
-    if p.returncode != 0 or len(done_shards(root)) != len(plan.shards):
-        raise SystemExit(f"extractor worker on S3 failed ({p.returncode}, {len(done_shards(root))} of "
+    if p.returncode != 0 or len(done_shards()) != len(plan.shards):
+        raise SystemExit(f"extractor worker on S3 failed ({p.returncode}, {len(done_shards())} of "
                          f"{len(plan.shards)} shards):\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
     return seconds, sum(sum(e["lengths"]) for e in plan.shards), (p.stdout + p.stderr).count("loading target")
 

@@ -55,13 +55,6 @@ class RunPaths:
         return run_location(self.runs_dir) / self.run
 
     @property
-    def remote(self) -> bool:
-        """Whether the run lives on an object store (``runs_dir`` is a URL)."""
-        from draftsmith.artifacts.location import is_remote
-
-        return is_remote(self.runs_dir)
-
-    @property
     def config(self) -> Path:
         """``config.yaml``: resolved config of the last command that wrote to the run."""
         return self.root / "config.yaml"
@@ -169,11 +162,6 @@ class RunPaths:
         Raises:
             StorageError: the object store is unreachable, refuses access or lacks the bucket.
         """
-        if self.remote:
-            from draftsmith.artifacts.location import probe
+        from draftsmith.artifacts.storage import prepare_run
 
-            probe(self.root)
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        for f in folders:
-            Path(f).mkdir(parents=True, exist_ok=True)
+        prepare_run(self.root, *folders)

@@ -8,13 +8,13 @@ the disk is full. :func:`diagnose` reads what rq knows and says ``failed`` / ``s
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.artifacts.location import is_remote, run_location
+from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.storage import free_gb as disk_free_gb
 
 STALL_MIN_S = 300.0  # no new record for this long (or 10 mean request latencies, if longer) while work is pending
 
@@ -129,16 +129,6 @@ def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
     return out
 
 
-def _free_gb(run_root: Path) -> float:
-    """Free GB of the disk that holds (or will hold) ``run_root``; infinite on an object store (no disk here)."""
-    if is_remote(run_root):
-        return float("inf")
-    probe = Path(run_root)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return shutil.disk_usage(probe).free / 1e9
-
-
 def diagnose(snap, health: QueueHealth | None, progress: dict[str, str], run_root: Path, run: str,
              min_free_gb: float, now: float | None = None) -> Verdict | None:
     """The verdict for a run that is not done, or None when it is progressing (or done).
@@ -154,7 +144,7 @@ def diagnose(snap, health: QueueHealth | None, progress: dict[str, str], run_roo
     now = time.time() if now is None else now
     missing = snap.total - snap.done
     again = f"`draftsmith enqueue --run {run}` re-enqueues every prompt without a record"
-    free_gb = _free_gb(run_root)
+    free_gb = disk_free_gb(run_root)
     if free_gb < min_free_gb:
         return Verdict("stalled", f"disk full: {free_gb:.2f} GB free under {run_root} (generation.min_free_disk_gb "
                        f"= {min_free_gb}), {missing} prompts without a record",

@@ -9,13 +9,12 @@ bytes. The arithmetic and its sources are in docs/targets.md ("Planning a job").
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.artifacts.export import WEIGHTS_INDEX_FILE
-from draftsmith.artifacts.location import is_remote
+from draftsmith.artifacts.storage import free_gb
 from draftsmith.config import Settings
 from draftsmith.data.render import tokenizer_files
 from draftsmith.drafter.config import derive_config, is_mla
@@ -61,12 +60,7 @@ def detect_host(runs_dir: Path) -> Host:
     except (OSError, subprocess.SubprocessError, ValueError):
         pass
 
-    if is_remote(runs_dir):  # an object store: no local disk to fill
-        return Host(gpus, mem, float("inf"))
-    p = Path(runs_dir).resolve()
-    while not p.exists():
-        p = p.parent
-    return Host(gpus, mem, shutil.disk_usage(p).free / GB)
+    return Host(gpus, mem, free_gb(runs_dir))  # GB; infinite on an object store: no local disk to fill
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A working copy of a run on an object store, for the stages that compute on local files.
 
-Generation writes straight to the store (:mod:`draftsmith.generation.object_records`): many small writes from many
+Generation writes straight to the store (:mod:`draftsmith.artifacts.object_records`): many small writes from many
 hosts. The later stages read and write large files with memory maps and torch (samples, features, checkpoints), so
 a stage of a run whose ``runs_dir`` is a URL works on a local copy of the run under ``stage_dir``:
 
@@ -31,14 +31,24 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as features_artifact
 from draftsmith.artifacts import records as records_artifact
 from draftsmith.artifacts.checkpoints import LATEST_FILE, STATE_FILE, read_latest
-from draftsmith.artifacts.location import describe_store_error, is_remote, list_names, run_key, run_location
+from draftsmith.artifacts.location import (
+    Location,
+    describe_store_error,
+    is_remote,
+    list_names,
+    run_key,
+    run_location,
+)
 from draftsmith.log import get_logger
+
+if TYPE_CHECKING:
+    from upath import UPath
 
 log = get_logger("draftsmith.staging")
 
@@ -50,14 +60,14 @@ REPLACED = frozenset({LATEST_FILE, data_artifact.MANIFEST_FILE, features_artifac
                       records_artifact.MANIFEST_FILE, "config.yaml"})
 
 
-def local_root(stage_dir: Path, run_root: Any) -> Path:
+def local_root(stage_dir: Path, run_root: Location | str) -> Path:
     """The working copy of the run at URL ``run_root``: ``<stage_dir>/<12 hex of the URL>/<run>`` (a hash, so two
     stores or buckets with the same run name never share a copy)."""
     h = hashlib.sha1(run_key(run_root).encode()).hexdigest()[:12]
     return Path(stage_dir).expanduser() / h / run_location(run_root).name
 
 
-def _remote_files(root: Any, folder: str) -> dict[str, int]:
+def _remote_files(root: UPath, folder: str) -> dict[str, int]:
     """Relative path -> size of every object under ``root/folder`` (empty when there is none)."""
     fs, base = root.fs, f"{root.path}/{folder}".rstrip("/")
     try:
@@ -74,7 +84,7 @@ def _remote_files(root: Any, folder: str) -> dict[str, int]:
     return out
 
 
-def _pull_latest_checkpoint(root: Any, local: Path) -> int:
+def _pull_latest_checkpoint(root: UPath, local: Path) -> int:
     """``checkpoints/latest.json`` and the one folder it names: a resume and an export need no other (an older
     checkpoint is pulled by naming its folder, ``checkpoints/step-XXXXXXXX``). Returns the files copied."""
     n = pull(root, local, (f"{CHECKPOINTS}/{LATEST_FILE}",))
@@ -82,7 +92,7 @@ def _pull_latest_checkpoint(root: Any, local: Path) -> int:
     return n + (pull(root, local, (f"{CHECKPOINTS}/{name}",)) if name else 0)
 
 
-def prune_checkpoints(root: Any, keep: int) -> list[str]:
+def prune_checkpoints(root: UPath, keep: int) -> list[str]:
     """Remove from the store the checkpoint folders older than its newest ``keep`` complete ones (those with a
     ``state.json``), as the trainer rotates its local folder (``train.keep``); newer incomplete folders (a push
     under way) stay. Returns the names removed.
@@ -104,7 +114,7 @@ def prune_checkpoints(root: Any, keep: int) -> list[str]:
     return gone
 
 
-def pull(root: Any, local: Path, parts: Sequence[str]) -> int:
+def pull(root: UPath, local: Path, parts: Sequence[str]) -> int:
     """Copy ``parts`` of the run at ``root`` (folders like ``data``, or files like ``prompts.jsonl``; ``checkpoints``
     as the latest one, :func:`_pull_latest_checkpoint`) into ``local``; returns the files copied.
 
@@ -140,7 +150,7 @@ def pull(root: Any, local: Path, parts: Sequence[str]) -> int:
     return n
 
 
-def push(local: Path, root: Any, parts: Sequence[str]) -> int:
+def push(local: Path, root: UPath, parts: Sequence[str]) -> int:
     """Upload the files of ``parts`` (folders or files of the local copy) that the store lacks or holds with another
     size; returns how many went up. Hidden files (temporary writes) stay local.
 
@@ -171,7 +181,7 @@ def push(local: Path, root: Any, parts: Sequence[str]) -> int:
 
 @contextmanager
 def staged(s, pull_parts: Sequence[str], push_parts: Sequence[str],
-           fetch: Callable[[Any, Path], int] | None = None) -> Iterator[Any]:
+           fetch: Callable[[Location, Path], int] | None = None) -> Iterator[Any]:
     """Settings for a stage: unchanged for a local run; for a run on an object store, settings whose ``runs_dir`` is
     the local working copy, with ``pull_parts`` pulled before and ``push_parts`` pushed after (also when the stage
     fails: what it finished is kept in the store).

@@ -71,10 +71,9 @@ def collect_status(s: Settings) -> RunStatus:
 
     paths = RunPaths(s.runs_dir, s.run)
     out = RunStatus()
-    if paths.remote:
-        from draftsmith.artifacts.location import probe
+    from draftsmith.artifacts.location import probe
 
-        probe(paths.root)  # a store that is away or refuses: one line, not a traceback from its client
+    probe(paths.root)  # a store that is away or refuses: one line, not a traceback from its client (a path: no-op)
     if not paths.root.exists():
         out.lines.append(f"run {s.run}: nothing under {paths.root} yet (phase: not started)")
         return out

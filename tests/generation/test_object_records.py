@@ -14,8 +14,9 @@ from draftsmith.artifacts.location import (
     run_key,
     run_location,
 )
+from draftsmith.artifacts.object_records import ObjectDoneIndex
+from draftsmith.artifacts.record_store import record_store
 from draftsmith.errors import StorageError
-from draftsmith.generation import object_records
 from draftsmith.generation.runcache import done_index, prompt_index
 from draftsmith.generation.store import (
     iter_records,
@@ -67,11 +68,12 @@ def test_shards_are_written_once_and_done_work_is_listed(s3_runs):
 def test_a_prompt_written_by_two_racing_hosts_is_read_once(s3_runs):
     d = RunPaths(s3_runs, "race").records
     # host B's index was read before host A wrote p1: both write it (the race put-if-absent cannot see)
-    stale = object_records.ObjectDoneIndex(d)
+    store = record_store(d)
+    stale = ObjectDoneIndex(run_key(d))
     write_shard(d, "gen-a", [rec("p1", answer="from A")])
-    object_records._DONE[run_key(d)] = stale
+    store.index, fresh = stale, store.index
     write_shard(d, "gen-b", [rec("p1", answer="from B"), rec("p2")])
-    object_records._DONE.pop(run_key(d))
+    store.index = fresh
     records = list(iter_records(d))
     assert sorted(r["id"] for r in records) == ["p1", "p2"]
     first = min(n for n in (p.name for p in d.iterdir()) if n.endswith(".meta.json"))

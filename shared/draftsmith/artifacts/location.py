@@ -17,15 +17,21 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from draftsmith.errors import StorageError
+
+if TYPE_CHECKING:
+    from upath import UPath
+
+# where a run or one of its files lives: a local path, or an object-store URL as an UPath (what run_location returns)
+Location: TypeAlias = "Path | UPath"
 
 _LOCAL_SCHEMES = ("", "file", "local")
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 
-def scheme_of(location: Any) -> str:
+def scheme_of(location: Location | str | os.PathLike) -> str:
     """The URL scheme of ``location`` (``"s3"``), or ``""`` for a local path (``file://`` counts as local)."""
     if isinstance(location, Path):
         return ""
@@ -38,12 +44,12 @@ def scheme_of(location: Any) -> str:
     return "" if scheme in _LOCAL_SCHEMES else scheme
 
 
-def is_remote(location: Any) -> bool:
+def is_remote(location: Location | str | os.PathLike) -> bool:
     """Whether ``location`` (a path, a URL string or an UPath) is on an object store rather than a local disk."""
     return bool(scheme_of(location))
 
 
-def run_location(value: Any) -> Any:
+def run_location(value: Location | str | os.PathLike) -> Location:
     """``value`` as the object the stages use: a :class:`pathlib.Path` for a local path (``file://`` stripped), an
     :class:`upath.UPath` for an object-store URL.
 
@@ -54,7 +60,7 @@ def run_location(value: Any) -> Any:
         return value
     if not is_remote(value):
         text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-        return Path(text[len("file://"):] if text.startswith("file://") else text)
+        return Path(text[len("file://") :] if text.startswith("file://") else text)
     if getattr(value, "protocol", None) is not None:
         return value
     from upath import UPath
@@ -65,11 +71,13 @@ def run_location(value: Any) -> Any:
         # their objects, or fail a read of an object replaced since ("FileExpired")
         return UPath(url, use_listings_cache=False)
     except (ImportError, ValueError) as e:
-        raise StorageError(f"no fsspec file system for {mask_url(url)} ({e})",
-                           "install the scheme's package (s3fs for s3://, gcsfs for gs://, adlfs for az://)") from e
+        raise StorageError(
+            f"no fsspec file system for {mask_url(url)} ({e})",
+            "install the scheme's package (s3fs for s3://, gcsfs for gs://, adlfs for az://)",
+        ) from e
 
 
-def run_key(root: Any) -> str:
+def run_key(root: Location | str) -> str:
     """One spelling of a run root for Redis keys, job ids and comparisons: the absolute path of a local folder,
     the URL of a remote one (the same run reached from every host has the same key when it is a URL)."""
     if is_remote(root):
@@ -80,12 +88,12 @@ def run_key(root: Any) -> str:
 _USERINFO = re.compile(r"(://)([^/@]*)@")
 
 
-def mask_url(url: Any) -> str:
+def mask_url(url: object) -> str:
     """``url`` with any ``user:secret@`` part replaced by ``***@`` (a URL is printed, a secret never)."""
     return _USERINFO.sub(r"\1***@", str(url))
 
 
-def describe_store_error(location: Any, e: BaseException) -> StorageError:
+def describe_store_error(location: Location | str, e: BaseException) -> StorageError:
     """One clear line for a failure to reach ``location`` on an object store: the URL (secrets masked), what the
     store answered and the fix.
 
@@ -97,24 +105,42 @@ def describe_store_error(location: Any, e: BaseException) -> StorageError:
     text = f"{type(e).__name__}: {e}"
     low = text.lower()
     if "nosuchbucket" in low or "bucket does not exist" in low or "specified bucket" in low:
-        return StorageError(f"the bucket of {url} does not exist ({e})",
-                            "create it (e.g. `aws s3 mb`, or your store's console) or fix runs_dir")
-    if isinstance(e, PermissionError) or any(k in low for k in (
-            "accessdenied", "access denied", "invalidaccesskeyid", "signaturedoesnotmatch", "signature we calculated",
-            "forbidden", "403", "credentials")):
-        return StorageError(f"the object store refused access to {url} ({type(e).__name__})",
-                            "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or your store's credentials) in "
-                            "this process's environment")
+        return StorageError(
+            f"the bucket of {url} does not exist ({e})",
+            "create it (e.g. `aws s3 mb`, or your store's console) or fix runs_dir",
+        )
+    if isinstance(e, PermissionError) or any(
+        k in low
+        for k in (
+            "accessdenied",
+            "access denied",
+            "invalidaccesskeyid",
+            "signaturedoesnotmatch",
+            "signature we calculated",
+            "forbidden",
+            "403",
+            "credentials",
+        )
+    ):
+        return StorageError(
+            f"the object store refused access to {url} ({type(e).__name__})",
+            "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or your store's credentials) in "
+            "this process's environment",
+        )
     if any(k in low for k in ("connect", "endpoint", "timed out", "timeout", "name or service", "refused")):
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the store's default endpoint"
-        return StorageError(f"the object store of {url} cannot be reached at {mask_url(endpoint)} ({type(e).__name__})",
-                            "start the store or fix AWS_ENDPOINT_URL; finished work on it is kept, and the stage "
-                            "resumes when it is back")
-    return StorageError(f"object store error on {url} ({text[:300]})",
-                        "check runs_dir, the store and its credentials (AWS_* variables)")
+        return StorageError(
+            f"the object store of {url} cannot be reached at {mask_url(endpoint)} ({type(e).__name__})",
+            "start the store or fix AWS_ENDPOINT_URL; finished work on it is kept, and the stage "
+            "resumes when it is back",
+        )
+    return StorageError(
+        f"object store error on {url} ({text[:300]})",
+        "check runs_dir, the store and its credentials (AWS_* variables)",
+    )
 
 
-def probe(root: Any) -> None:
+def probe(root: Location) -> None:
     """Check that the object store of ``root`` answers and its bucket exists: one listing call. A local path is not
     probed (the local stages check their disk themselves).
 
@@ -133,7 +159,7 @@ def probe(root: Any) -> None:
         raise describe_store_error(root, e) from e
 
 
-def put_if_absent(path: Any, data: bytes) -> bool:
+def put_if_absent(path: UPath, data: bytes) -> bool:
     """Create the object ``path`` with ``data`` unless it exists; returns False when it existed.
 
     On S3 (and compatibles that honour it) this is one conditional PUT (``If-None-Match: *``, HTTP 412 when the key
@@ -157,7 +183,7 @@ def put_if_absent(path: Any, data: bytes) -> bool:
         raise describe_store_error(path, e) from e
 
 
-def list_names(folder: Any, suffix: str) -> list[str]:
+def list_names(folder: UPath, suffix: str) -> list[str]:
     """Names (not paths) of the objects directly in ``folder`` that end with ``suffix``, sorted; hidden names
     (``.``) left out; a missing folder lists as empty.
 
@@ -175,13 +201,15 @@ def list_names(folder: Any, suffix: str) -> list[str]:
     return sorted(n for n in names if n.endswith(suffix) and not n.startswith("."))
 
 
-def read_bytes(path: Any) -> bytes:
-    """The content of object ``path``.
+def read_bytes(path: Location) -> bytes:
+    """The content of file or object ``path``.
 
     Raises:
-        FileNotFoundError: no such object.
-        StorageError: the store failed otherwise.
+        FileNotFoundError: no such file or object.
+        StorageError: the object store failed otherwise.
     """
+    if not is_remote(path):
+        return Path(path).read_bytes()
     try:
         return path.fs.cat_file(path.path)
     except FileNotFoundError:
@@ -190,7 +218,7 @@ def read_bytes(path: Any) -> bytes:
         raise describe_store_error(path, e) from e
 
 
-def write_bytes(path: Any, data: bytes) -> None:
+def write_bytes(path: UPath, data: bytes) -> None:
     """Replace object ``path`` with ``data`` (one PUT: readers see the old or the new object, never half).
 
     Raises:

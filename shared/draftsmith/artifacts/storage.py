@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+from draftsmith.artifacts.location import Location, is_remote, probe, write_bytes
 from draftsmith.errors import DiskSpaceError
 
 
@@ -27,8 +28,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         OSError: the write failed (ENOSPC on a full disk); nothing partial is visible.
         StorageError: the object store failed.
     """
-    from draftsmith.artifacts.location import is_remote, write_bytes
-
     if is_remote(path):
         write_bytes(path, data)
         return
@@ -54,8 +53,6 @@ def atomic_write_text(path: Path, text: str) -> None:
 def check_disk(path: Path, min_free_gb: float, mkdir: bool = True) -> None:
     """Raises DiskSpaceError when the filesystem of ``path`` has less than ``min_free_gb`` GB free (an object store
     has no disk to check here: its own errors say when it is full)."""
-    from draftsmith.artifacts.location import is_remote
-
     if is_remote(path):
         return
     if mkdir:
@@ -68,3 +65,36 @@ def check_disk(path: Path, min_free_gb: float, mkdir: bool = True) -> None:
             f"only {free:.2f} GB free under {path} (generation.min_free_disk_gb = {min_free_gb})",
             "free some space or point runs_dir at a bigger disk; finished shards are kept",
         )
+
+
+def free_gb(location: Location | str) -> float:
+    """Free GB of the local disk that holds (or will hold) ``location``: that of its nearest existing parent;
+    infinite on an object store (no disk of this host fills up)."""
+    if is_remote(location):
+        return float("inf")
+    p = Path(location).resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free / 1e9
+
+
+def reachable_here(root: Location | str) -> bool:
+    """Whether this host can reach the run folder ``root``: an object store from anywhere (its own errors say
+    otherwise), a local path only where the folder exists (a host without the run's mount cannot)."""
+    return is_remote(root) or Path(root).is_dir()
+
+
+def prepare_run(root: Location, *folders: Location) -> None:
+    """Make a run folder ready for writing: create ``root`` and ``folders`` on a local disk; on an object store
+    (no folders there) check that the store answers and its bucket exists instead.
+
+    Raises:
+        StorageError: the object store is unreachable, refuses access or lacks the bucket.
+        OSError: a local folder cannot be created.
+    """
+    if is_remote(root):
+        probe(root)
+        return
+    Path(root).mkdir(parents=True, exist_ok=True)
+    for f in folders:
+        Path(f).mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,12 @@ from typing import Any
 
 import torch
 
+from draftsmith.artifacts.features import FeatureStore
 from draftsmith.artifacts.status import STATUS_DIR
+from draftsmith.errors import DataError
 from draftsmith.features.hf import HFExtractor, torch_dtype
-from draftsmith.features.plan import ExtractPlan, make_plan, read_data_shard
+from draftsmith.features.on_store import feature_store, plan_of
+from draftsmith.features.plan import ExtractPlan, read_data_shard
 from draftsmith.features.store import (
     check_compatible,
     finish_shard,
@@ -261,12 +264,54 @@ def host_of(s) -> dict[str, Any]:
             "batch_tokens": x.batch_tokens, "write_tokens": x.write_tokens}
 
 
-def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
-    """rq entry point: extract data shard ``shard`` of the run at ``run_dir``.
+def _already_stored(index: int, side: dict) -> dict:
+    log.info("shard %05d already in the store (%d samples), skipping", index, len(side["sample_ids"]))
+    return {"shard": index, "file": side["file"], "status": "skipped_existing", "samples": len(side["sample_ids"]),
+            "skipped": len(side["skipped"]), "tokens": side["tokens"], "bytes": side["bytes"], "seconds": 0.0}
+
+
+def extract_into_store(s, store: FeatureStore, plan: ExtractPlan, index: int, extractor: Any = None) -> dict:
+    """Extract data shard ``index`` in the store's working copy and hand the feature shard to the store: the one
+    walk of a shard, whatever the run's location.
+
+    Resumes at every step: a shard the store holds is skipped; one finished in the working copy but not handed over
+    (the store was away) is handed over without being computed again.
 
     Args:
-        run_dir: ``runs/<run>`` (a path; the job carries no tensors). A run on an object store has a job of its
-            own, :func:`draftsmith.features.on_store.extract_store_job`.
+        extractor: a loaded extractor to reuse (``extract --sync``), or None to take this worker's
+            (:func:`get_extractor`) when the shard must be computed.
+
+    Returns:
+        The result of :func:`extract_shard` (``status`` ``skipped_existing`` when the store already had it).
+
+    Raises:
+        DataError: the shard index is out of range, or the store was made with other settings.
+        StorageError: the object store failed (what was handed over before stays; the job can be run again).
+        DiskSpaceError: the working copy's disk filled up (finished shards are kept).
+    """
+    side = store.sidecar(index)
+    return _already_stored(index, side) if side is not None else _extract_and_hand_over(s, store, plan, index, extractor)
+
+
+def _extract_and_hand_over(s, store: FeatureStore, plan: ExtractPlan, index: int, extractor: Any = None) -> dict:
+    """:func:`extract_into_store` of a shard the store was just found not to hold."""
+    if not 0 <= index < len(plan.shards):
+        raise DataError(f"shard {index} does not exist: the data has {len(plan.shards)} shards", "re-enqueue")
+    check_compatible(plan)
+    store.fetch((f"data/{plan.shards[index]['file']}",))
+    if extractor is None and read_sidecar(plan.features_dir, index) is None:
+        extractor = get_extractor(plan, s)
+    result = extract_shard(plan, index, extractor, Path(plan.run_dir) / STATUS_DIR)
+    if not store.publish(index):
+        log.warning("shard %05d was finished by another host while this one computed it; theirs is kept", index)
+    return result
+
+
+def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
+    """rq entry point: extract data shard ``shard`` of the run at ``run_dir`` (:func:`extract_into_store`).
+
+    Args:
+        run_dir: ``runs/<run>``: a path, or an object-store URL (the job carries no tensors).
         shard: data shard index.
         settings: the run's settings (:func:`draftsmith.config.run_settings`) of the enqueuing command; the host's
             come from this worker (:func:`job_settings`).
@@ -279,16 +324,15 @@ def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
         ConfigError: the job's run settings disagree with the run's record; nothing is written (rq records the
             failure, the run's finished shards stay).
         DataError / ModelError: the inputs became invalid since enqueueing (rq records the failure).
+        StorageError: the object store failed.
     """
     from draftsmith.log import setup_logging
 
     s = job_settings(run_dir, settings, f"extraction job of shard {shard}")
     setup_logging(s.log_level)
-    plan = make_plan(s, Path(run_dir))
-    if not 0 <= shard < len(plan.shards):
-        from draftsmith.errors import DataError
-
-        raise DataError(f"shard {shard} does not exist: the data has {len(plan.shards)} shards", "re-enqueue")
-    if read_sidecar(plan.features_dir, shard) is not None:
-        return {**extract_shard(plan, shard, extractor=None), "host": host_of(s)}
-    return {**extract_shard(plan, shard, get_extractor(plan, s)), "host": host_of(s)}
+    store = feature_store(run_dir, s.stage_dir)
+    side = store.sidecar(shard)  # a shard already stored costs no plan and no pull
+    result = (
+        _already_stored(shard, side) if side is not None else _extract_and_hand_over(s, store, plan_of(store, s), shard)
+    )
+    return {**result, "host": host_of(s)}

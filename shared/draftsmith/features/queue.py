@@ -12,9 +12,7 @@ from draftsmith.log import get_logger
 
 log = get_logger(__name__)
 
-JOB_FUNC = "draftsmith.features.jobs.extract_job"
-# a run on an object store: the job works on the host's copy (draftsmith.features.on_store)
-STORE_JOB_FUNC = "draftsmith.features.on_store.extract_store_job"
+JOB_FUNC = "draftsmith.features.jobs.extract_job"  # a local run or one on an object store: its store says how
 RUN_SECTIONS = ("extract",)  # the sections of the run's settings an extraction job uses, recorded and checked
 
 
@@ -29,7 +27,7 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     Args:
         settings: :class:`draftsmith.config.Settings` of the enqueuing command: its run keys go into each job
             (:func:`draftsmith.config.run_settings`) and into the run's record; its host keys stay here.
-        run_dir: ``runs/<run>``.
+        run_dir: ``runs/<run>``: a path, or the run's URL on an object store.
         shards: data shard indices to extract.
 
     Returns:
@@ -42,7 +40,6 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     from rq import Queue
     from rq.serializers import JSONSerializer
 
-    from draftsmith.artifacts.location import is_remote
     from draftsmith.artifacts.run_settings import record
     from draftsmith.config import run_settings
     from draftsmith.jobqueue.liveness import ALIVE, JobState, requeue_orphan, settle
@@ -52,8 +49,10 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     q = Queue(queue_name(settings.redis.prefix, "extract"), connection=conn, serializer=JSONSerializer)
     dumped = run_settings(settings)
     if changed := record(run_dir, dumped, RUN_SECTIONS):
-        log.warning("the run's settings change (%s): jobs still queued with the old values will be refused",
-                    "; ".join(changed))
+        log.warning(
+            "the run's settings change (%s): jobs still queued with the old values will be refused",
+            "; ".join(changed),
+        )
     wanted = {job_id(settings.run, shard) for shard in shards}
     jobs = settle(q, keep=lambda job: job.id in wanted)
     ids = []
@@ -71,9 +70,15 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
         old = fetch_job(conn, jid)
         if old is not None:
             old.delete()  # finished or failed for good: the shard's sidecar says whether it is done
-        q.enqueue(STORE_JOB_FUNC if is_remote(run_dir) else JOB_FUNC, args=(run_dir, shard, dumped), job_id=jid,
-                  job_timeout=settings.extract.job_timeout_s, result_ttl=7 * 86400, failure_ttl=7 * 86400,
-                  description=f"extract {settings.run} shard {shard}")
+        q.enqueue(
+            JOB_FUNC,
+            args=(run_dir, shard, dumped),
+            job_id=jid,
+            job_timeout=settings.extract.job_timeout_s,
+            result_ttl=7 * 86400,
+            failure_ttl=7 * 86400,
+            description=f"extract {settings.run} shard {shard}",
+        )
         ids.append(jid)
     log.info("enqueued %d extraction jobs on %s", len(ids), q.name)
     return ids

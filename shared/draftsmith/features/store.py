@@ -20,7 +20,7 @@ from pathlib import Path
 
 from draftsmith.artifacts import features as artifact
 from draftsmith.artifacts.features import FEATURES_SCHEMA as MANIFEST_SCHEMA  # noqa: F401 (re-exported)
-from draftsmith.artifacts.features import SHARD_SCHEMA, shard_file, sidecar_file  # noqa: F401 (re-exported)
+from draftsmith.artifacts.features import SHARD_SCHEMA, FeatureStore, shard_file, sidecar_file  # noqa: F401 (re-exported)
 from draftsmith.artifacts.status import snapshot_path, stage_snapshot
 from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import DataError
@@ -30,8 +30,15 @@ from draftsmith.log import get_logger
 log = get_logger(__name__)
 
 # run-level manifest fields that must not change between a run and its resume
-_PINNED = ("target_model", "target_revision", "tokenizer_sha256", "layer_ids", "hidden_size", "dtype",
-           "data_manifest_sha256")
+_PINNED = (
+    "target_model",
+    "target_revision",
+    "tokenizer_sha256",
+    "layer_ids",
+    "hidden_size",
+    "dtype",
+    "data_manifest_sha256",
+)
 
 
 @contextmanager
@@ -84,8 +91,12 @@ def check_compatible(plan: ExtractPlan) -> None:
 
 def shard_metadata(plan: ExtractPlan) -> dict[str, str]:
     """The safetensors ``__metadata__`` of a feature shard (formats.md §4)."""
-    return {"schema": SHARD_SCHEMA, "layer_ids": json.dumps(plan.layer_ids), "final_hidden": "post_norm",
-            "target_model": plan.target_model}
+    return {
+        "schema": SHARD_SCHEMA,
+        "layer_ids": json.dumps(plan.layer_ids),
+        "final_hidden": "post_norm",
+        "target_model": plan.target_model,
+    }
 
 
 @contextmanager
@@ -105,10 +116,13 @@ def open_shard(plan: ExtractPlan, index: int, lengths: Sequence[int]):
     tmp = d / f".{shard_file(index)}.tmp-{os.getpid()}"
     w = None
     try:
-        w = ShardWriter(tmp, lengths, plan.hidden_size, torch_dtype(plan.dtype), shard_metadata(plan),
-                        len(plan.layer_ids))
+        w = ShardWriter(
+            tmp, lengths, plan.hidden_size, torch_dtype(plan.dtype), shard_metadata(plan), len(plan.layer_ids)
+        )
         yield w
-    except BaseException as e:  # a full disk mid-shard: nothing half-written stays, the shard is redone next run
+    except (
+        BaseException
+    ) as e:  # a full disk mid-shard: nothing half-written stays, the shard is redone next run
         if w is not None:
             w.close()
         tmp.unlink(missing_ok=True)
@@ -116,8 +130,9 @@ def open_shard(plan: ExtractPlan, index: int, lengths: Sequence[int]):
         raise
 
 
-def finish_shard(plan: ExtractPlan, index: int, writer, sample_ids: Sequence[str], skipped: list[dict],
-                 seconds: float) -> dict:
+def finish_shard(
+    plan: ExtractPlan, index: int, writer, sample_ids: Sequence[str], skipped: list[dict], seconds: float
+) -> dict:
     """Finish the shard ``writer`` wrote (:meth:`ShardWriter.finish`), rename it into place, then write its sidecar;
     each step atomic.
 
@@ -151,7 +166,9 @@ def finish_shard(plan: ExtractPlan, index: int, writer, sample_ids: Sequence[str
     }
     try:
         atomic_write_text(d / sidecar_file(index), json.dumps(side, indent=1))
-    except BaseException as e:  # a shard without its sidecar is never counted: remove it, it is redone next run
+    except (
+        BaseException
+    ) as e:  # a shard without its sidecar is never counted: remove it, it is redone next run
         path.unlink(missing_ok=True)
         _raise_if_disk_full(e, d, index)
         raise
@@ -171,18 +188,39 @@ def _raise_if_disk_full(e: BaseException, features_dir: Path, index: int) -> Non
         ) from e
 
 
+class LocalFeatureStore(FeatureStore):
+    """The feature shards of a run on a local disk: extraction writes them in place (the working copy is the run),
+    and the manifest is rebuilt under the folder's ``flock`` so parallel jobs never lose each other's shards."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.features_dir = self.root / artifact.FEATURES_DIR
+
+    def working_copy(self) -> Path:
+        return self.root
+
+    def done_shards(self) -> set[int]:
+        return {artifact.shard_index(s["file"]) for s in artifact.complete_sidecars(self.features_dir)}
+
+    def sidecar(self, index: int) -> dict | None:
+        return read_sidecar(self.features_dir, index)
+
+    def write_manifest(self, manifest: dict) -> None:
+        artifact.write_manifest(self.features_dir, manifest)
+
+    def rebuild_manifest(self, header: dict) -> dict:
+        with locked(self.features_dir):
+            return super().rebuild_manifest(header)
+
+
 def rebuild_manifest(plan: ExtractPlan) -> dict:
-    """Rewrite ``features/manifest.json`` from the complete shards' sidecars (under the store lock).
+    """Rewrite ``features/manifest.json`` of the plan's folder from its complete shards' sidecars (under the lock).
 
     Returns:
         The manifest: :meth:`ExtractPlan.manifest_header` plus ``shards`` (file, sample_ids, lengths, sha256,
         skipped) in index order, ``samples``, ``tokens`` and ``skipped_samples``.
     """
-    with locked(plan.features_dir):
-        sides = [s for i in range(len(plan.shards)) if (s := read_sidecar(plan.features_dir, i))]
-        m = artifact.manifest_from_sidecars(plan.manifest_header(), sides)
-        artifact.write_manifest(plan.features_dir, m)
-    return m
+    return LocalFeatureStore(Path(plan.features_dir).parent).rebuild_manifest(plan.manifest_header())
 
 
 def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None = None) -> dict:
@@ -220,10 +258,12 @@ def write_status(plan: ExtractPlan, status_dir: Path, started_at: float | None =
             "compute_tokens_per_s": round(sum(s["tokens"] for s in sides) / secs, 1) if secs else 0.0,
         }
         n = numbers
-        line = (f"shards {n['shards_done']}/{n['shards_total']}, samples {n['samples_done']}/{n['samples_total']}, "
-                f"tokens {n['tokens_done']}/{n['tokens_total']}, {n['tokens_per_s']:.0f} tok/s, "
-                f"{n['bytes_written'] / 1e6:.1f} MB written, {n['free_disk_bytes'] / 1e9:.1f} GB free, "
-                f"skipped {n['skipped_samples']}")
+        line = (
+            f"shards {n['shards_done']}/{n['shards_total']}, samples {n['samples_done']}/{n['samples_total']}, "
+            f"tokens {n['tokens_done']}/{n['tokens_total']}, {n['tokens_per_s']:.0f} tok/s, "
+            f"{n['bytes_written'] / 1e6:.1f} MB written, {n['free_disk_bytes'] / 1e9:.1f} GB free, "
+            f"skipped {n['skipped_samples']}"
+        )
         done = n["shards_total"] > 0 and n["shards_done"] >= n["shards_total"]
         snap = stage_snapshot("extract", "done" if done else "running", line, **numbers)
         status_dir.mkdir(parents=True, exist_ok=True)

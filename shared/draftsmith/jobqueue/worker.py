@@ -313,10 +313,9 @@ def check_job_disk(job) -> None:
     root = kw.get("run_root")
     if not root:
         return
-    from draftsmith.artifacts.location import is_remote
-    from draftsmith.artifacts.storage import check_disk
+    from draftsmith.artifacts.storage import check_disk, reachable_here
 
-    if not is_remote(root) and not Path(root).is_dir():
+    if not reachable_here(root):
         raise StorageError(f"the run folder {root} of job {job.id} is not on this host",
                            "mount the same runs/ at the same absolute path on every worker host, or put the run "
                            "on an object store (runs_dir=s3://bucket/runs) that every host reaches")
