@@ -21,7 +21,7 @@ def test_the_marked_blocks_and_the_table_are_found():
     assert blocks["env"].startswith("TARGET_MODEL=Kimi-K2.5\n") and "EXTRACT_BACKEND=vllm" in blocks["env"]
     assert blocks["run"].startswith("make up\nmake enqueue RUN=kimi ")
     rows = cpu_table(blocks["cpu"])
-    assert len(rows) == 16 and all(r.why for r in rows)
+    assert len(rows) == 17 and all(r.why for r in rows)
     assert Row("EXTRACT_GPUS=8", "EXTRACT_GPUS=2", rows[5].why) == rows[5]
 
 
