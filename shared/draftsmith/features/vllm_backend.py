@@ -26,7 +26,7 @@ from draftsmith.errors import EngineError
 from draftsmith.features.hf import SampleFeatures, target_config
 from draftsmith.features.layers import vllm_aux_ids
 from draftsmith.log import get_logger
-from draftsmith.target.checkpoint import load_final_norm
+from draftsmith.target.checkpoint import load_final_norm, read_target_config
 
 log = get_logger(__name__)
 
@@ -85,6 +85,15 @@ def rank_cpu_binding(ranks: int, cpus: int) -> str:
         per = cpus // ranks
         return "|".join(f"{r * per}-{r * per + per - 1}" if per > 1 else str(r * per) for r in range(ranks))
     return "|".join(str(r % cpus) for r in range(ranks))
+
+
+def text_only(target: Path) -> dict:
+    """``{"language_model_only": True}`` for a multimodal target (a ``text_config`` in its config: Kimi-K2.5's
+    ``KimiK25ForConditionalGeneration``), else ``{}``: the samples are text, and without it vLLM also builds the
+    vision tower's processor, which failed on the tiny Kimi-K2.5-layout target (``KeyError:
+    'in_patch_limit_video'``, a key of the video preprocessor its config does not carry) and holds the vision
+    tower's weights beside the language model's for nothing."""
+    return {"language_model_only": True} if "text_config" in read_target_config(target) else {}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -152,7 +161,8 @@ class VLLMExtractor:
             llm = LLM(model=plan.target_dir, dtype=plan.compute_dtype, enforce_eager=True,
                       max_model_len=max(max_len, 256), enable_prefix_caching=False,
                       speculative_config=spec, kv_transfer_config=kv, seed=0,
-                      trust_remote_code=settings.target.trust_remote_code, **parallel, **pin)
+                      trust_remote_code=settings.target.trust_remote_code, **parallel, **pin,
+                      **text_only(Path(plan.target_dir)))
         except Exception as e:  # vLLM raises many types at start-up; one user-facing error with the cause
             raise EngineError(f"vLLM could not start the extraction engine: {type(e).__name__}: {e}",
                               "see docs/extraction.md (vllm backend), or use --backend hf") from e
