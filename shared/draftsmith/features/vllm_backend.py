@@ -131,6 +131,13 @@ class VLLMExtractor:
                            if k.startswith(("VLLM_", "HF_", "TRANSFORMERS_", "DO_NOT"))})
         if x.tensor_parallel_size > 1 and not bind_set:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpu_binding(x.tensor_parallel_size, os.cpu_count() or 1)
+        if x.tensor_parallel_size > 1 and not shutil.which(os.environ.get("CXX", "g++")):
+            # vLLM's vocab-parallel embedding masks its input with a torch.compile'd function, which inductor
+            # compiles with a C++ compiler on CPU; the project image has none, and the ranks died with
+            # "InvalidCxxCompiler" on their first forward. Eager is the same computation (the engine is eager too).
+            os.environ["TORCH_COMPILE_DISABLE"] = "1"
+            log.info("no C++ compiler (%s): torch.compile off in the tensor-parallel ranks (TORCH_COMPILE_DISABLE=1)",
+                     os.environ.get("CXX", "g++"))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: no spawn inside rq jobs
         try:
             from vllm import LLM
