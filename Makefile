@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 
 # ---- The Compose stack (compose.yaml, .env; docs/gpu-host.md): GPU host, or ENGINE=cpu on any machine ----
 ENV_FILE ?= .env
+# the last value of a key in .env, read as Compose reads it (an unquoted value ends at a space before `#`:
+# `TRAIN_GPUS=   # empty: every GPU` is empty), never sourced
+env_value = $(shell sed -n 's/^$(1)=//p' $(ENV_FILE) 2> /dev/null | tail -n 1 | sed 's/^[[:space:]]*\#.*//; s/[[:space:]][[:space:]]*\#.*//; s/[[:space:]]*$$//')
 # the engine `make up` starts: ENGINE=... on the command line, else ENGINE in .env, else vllm
-ENV_ENGINE = $(shell sed -n 's/^ENGINE=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
+ENV_ENGINE = $(call env_value,ENGINE)
 ENGINE ?= $(or $(ENV_ENGINE),vllm)
 RUN ?= demo
 SOURCE ?= /data/prompts/gsm8k_train.jsonl
@@ -45,8 +48,8 @@ DOCKER_COMPOSE ?= $(shell docker compose version > /dev/null 2>&1 && echo "docke
 COMPOSE_FILES ?= $(strip -f compose.yaml $(if $(filter cpu,$(ENGINE)),,-f compose.gpu.yaml))
 COMPOSE ?= $(DOCKER_COMPOSE) -p $(PROJECT) --env-file $(ENV_FILE) $(COMPOSE_FILES)
 # .env values the make targets need on their own command lines (read, never sourced)
-ENV_TRAIN_GPUS = $(shell sed -n 's/^TRAIN_GPUS=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
-ENV_EVAL_ENGINE = $(shell sed -n 's/^EVAL_ENGINE=//p' $(ENV_FILE) 2> /dev/null | tail -n 1)
+ENV_TRAIN_GPUS = $(call env_value,TRAIN_GPUS)
+ENV_EVAL_ENGINE = $(call env_value,EVAL_ENGINE)
 # unset in .env: every GPU of the host trains (nvidia-smi -L), 1 without one; the engine evaluated is the one of
 # ENGINE (the cpu profile serves vLLM)
 HOST_GPUS = $(shell nvidia-smi -L 2> /dev/null | grep -c '^GPU' | awk '{print ($$1 > 0) ? $$1 : 1}')

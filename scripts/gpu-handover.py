@@ -78,10 +78,10 @@ def decide(stage: str, engine: str, running: set[str], held: float | None,
     stop, refuse, warn = [], [], []
     gpu = engine in GPU_ENGINES
     extractor = "extractor" in running and gpu
-    if extractor and held is None:
+    if extractor and held is None and stage in ("up", "train"):  # eval measures the running target only
         warn.append("the extractor runs and whether it holds the target is unknown (its /metrics did not answer): "
                     "if it extracts, it holds EXTRACT_GPUS GPUs")
-    elif extractor and held > 0 and stage in ("up", "train"):
+    elif extractor and (held or 0) > 0 and stage in ("up", "train"):
         refuse.append(f"the extractor holds the target on its GPUs (draftsmith_extract_target_held {held:g}): it "
                       "frees them after EXTRACT_RELEASE_IDLE_S seconds with an empty queue (make status shows "
                       f"extraction); or stop it now: {compose} stop extractor")

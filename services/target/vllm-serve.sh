@@ -28,5 +28,10 @@ if [ -n "${REASONING_PARSER:-}" ]; then set -- "$@" --reasoning-parser "$REASONI
 if [ -n "${TOOL_CALL_PARSER:-}" ]; then set -- "$@" --tool-call-parser "$TOOL_CALL_PARSER"; fi
 # VLLM_EXTRA_ARGS (this engine only) and TARGET_EXTRA_ARGS (both engines) are split on spaces on purpose
 # (e.g. "--enable-expert-parallel --gpu-memory-utilization 0.9").
+# The project image (vLLM's CPU build, the stand-in where the official image cannot run) starts vLLM's server
+# through draftsmith's launcher, which lets its CPU attention serve an EAGLE-3 drafter on an MLA target
+# (draftsmith.target.vllm_launch); the official image has no draftsmith and starts vLLM's own entry point.
+entry=vllm.entrypoints.openai.api_server
+if command -v draftsmith > /dev/null; then entry=draftsmith.target.vllm_launch; fi
 # shellcheck disable=SC2086
-exec python3 -m vllm.entrypoints.openai.api_server "$@" ${VLLM_EXTRA_ARGS:-} ${TARGET_EXTRA_ARGS:-}
+exec python3 -m "$entry" "$@" ${VLLM_EXTRA_ARGS:-} ${TARGET_EXTRA_ARGS:-}

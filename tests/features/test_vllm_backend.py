@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from draftsmith.features.plan import make_plan, read_data_shard
-from draftsmith.features.vllm_backend import engine_configs
+from draftsmith.features.vllm_backend import engine_configs, text_only
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -15,6 +15,17 @@ def test_engine_configs_name_vllm_ids(tmp_path):
     spec, kv = engine_configs((1, 14, 26), 30, tmp_path)
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27, 30]
     assert kv["kv_connector_module_path"] == "draftsmith.features.connector"
+
+
+def test_a_multimodal_target_is_extracted_from_its_language_model_alone(tmp_path):
+    """Kimi-K2.5's wrapper (text_config + vision_config) starts vLLM with language_model_only: its video
+    preprocessor keys are not needed for text samples (the tiny Kimi-K2.5-layout target lacks them)."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_k25", "text_config": {}, "vision_config": {}}))
+    assert text_only(tmp_path) == {"language_model_only": True}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert text_only(tmp_path) == {}
 
 
 def test_vllm_equals_hf(data_run, make_settings):

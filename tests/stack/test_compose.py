@@ -377,6 +377,10 @@ def test_vllm_launch_script(tmp_path):
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == {"method": "eagle3", "model": str(tmp_path / "draft"), "num_speculative_tokens": 3}
     assert "--speculative-config" not in _run_launch_script(tmp_path, "vllm-serve.sh", drafter=False)
+    # in the project image (draftsmith installed: vLLM's CPU build) the server starts through draftsmith's launcher
+    (tmp_path / "bin" / "draftsmith").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "draftsmith").chmod(0o755)
+    assert _run_launch_script(tmp_path, "vllm-serve.sh", drafter=True)[:2] == ["-m", "draftsmith.target.vllm_launch"]
 
 
 def test_vllm_launch_script_agrees_with_the_server_spec(tmp_path):

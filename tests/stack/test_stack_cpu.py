@@ -80,6 +80,7 @@ def make_env_file(tmp: Path, ports: dict[str, int]) -> Path:
         "MAX_MODEL_LEN": "2048", "CPU_KV_CACHE_GIB": "1",
         "MODELS_DIR": str(tmp / "models"), "RUNS_DIR": str(tmp / "runs"), "PROMPTS_DIR": str(REPO / "data"),
         "DRAFTSMITH_RUN": RUN, "GENERATOR_PROCESSES": "2", "GENERATOR_CONCURRENCY": "8",
+        "EXTRACT_BACKEND": "hf",  # the vllm backend in the stack: tests/stack/test_runbook.py
         **{k: str(v) for k, v in ports.items()},
     }
     lines = []

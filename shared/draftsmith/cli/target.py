@@ -79,6 +79,8 @@ def serve(
     drafter: Path = typer.Option(None, "--drafter", help="EAGLE-3 drafter folder to serve with (speculative)."),
     k: int = typer.Option(3, "--k", min=1, help="Speculative tokens with --drafter."),
     eager: bool = typer.Option(None, "--eager/--compiled", help=setting_help("target.enforce_eager")),
+    engine_args: list[str] = typer.Argument(None, help="vLLM arguments after `--`, appended to target.extra_args "
+                                            "(compose's target-cpu passes the engine lines of .env this way)."),
 ) -> None:
     """Start vLLM's CPU build on the target, print its URL when it answers, stop cleanly on Ctrl-C."""
     from draftsmith.target.server import VLLMServer, VLLMServerSpec, eagle3_config
@@ -90,7 +92,7 @@ def serve(
     spec = VLLMServerSpec(
         model=model, served_name=s.target.model or model.name, host=s.target.host, port=s.target.port,
         dtype=s.target.dtype, max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,
-        enforce_eager=s.target.enforce_eager, extra_args=s.target.extra_args,
+        enforce_eager=s.target.enforce_eager, extra_args=[*s.target.extra_args, *(engine_args or [])],
         trust_remote_code=s.target.trust_remote_code,
         speculative=eagle3_config(drafter.resolve(), k) if drafter else None,
     )

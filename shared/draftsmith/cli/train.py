@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from draftsmith.artifacts.data import vocab_dir
+from draftsmith.artifacts.vocab import mapping_files
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
 from draftsmith.drafter.launch import torchrun_argv
@@ -28,6 +30,27 @@ def train_summary(result: dict, status_file) -> str:
     if skipped:
         lines.append(f"left out: {skipped} sample(s) with non-finite features")
     return "\n".join(lines)
+
+
+def with_data_vocab(s):
+    """``s`` with ``train.draft_vocab_size`` set to the run's one draft vocabulary when neither it nor
+    ``data.draft_vocab_size`` is set here: ``make data`` built the run's vocabulary with the size its command gave
+    (``DRAFTSMITH_DATA__DRAFT_VOCAB_SIZE=32000`` in its ``JOB_ENV``), and ``make train``, another container,
+    would otherwise ask for the default size and refuse. Several vocabularies, or none: ``s`` unchanged (the
+    trainer names the sizes there are).
+
+    Returns:
+        The settings, with the size taken (a line on stderr says so) or as they were.
+    """
+    if s.train.draft_vocab_size is not None or "draft_vocab_size" in s.data.model_fields_set:
+        return s
+    sizes = [int(name[len("draft-"):-len(".safetensors")])
+             for name in mapping_files(vocab_dir(RunPaths(s.runs_dir, s.run).data))]
+    if len(sizes) != 1 or sizes[0] == s.data.draft_vocab_size:
+        return s
+    typer.echo(f"train.draft_vocab_size {sizes[0]}: the run's one draft vocabulary (data/vocab/draft-{sizes[0]}, "
+               "built by `draftsmith build-data`); set train.draft_vocab_size to choose another", err=True)
+    return s.model_copy(update={"train": s.train.model_copy(update={"draft_vocab_size": sizes[0]})})
 
 
 @app.command("train")
@@ -57,7 +80,7 @@ def train_cmd(
         from draftsmith.drafter.trainer import Trainer
 
         keep(f"the checkpoints in {RunPaths(s.runs_dir, s.run).checkpoints}")
-        trainer = Trainer(s)
+        trainer = Trainer(with_data_vocab(s))
         if trainer.dist.main:
             trainer.after_checkpoint = pusher(remote, ("checkpoints",), keep_checkpoints=remote.train.keep)
             try:

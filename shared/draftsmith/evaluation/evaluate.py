@@ -8,9 +8,12 @@ any engine starts. Engines started here are stopped in ``finally``; a server tha
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
 from draftsmith.config import Settings
@@ -100,6 +103,35 @@ def engine_url(e, engine: str) -> str | None:
     return e.url
 
 
+def wait_for_engine(url: str, timeout_s: float, every_s: float = 5.0) -> None:
+    """Wait until the engine at ``url`` answers ``/health`` with 200 (vLLM and SGLang both serve it).
+
+    Why: ``make up && make eval`` starts the evaluator while the target still loads (a 1T-parameter checkpoint takes
+    many minutes); the evaluator waits as long as ``target.startup_timeout_s`` instead of failing at once.
+
+    Raises:
+        EngineError: no 200 within ``timeout_s`` seconds, with the last answer or error.
+    """
+    t0, last, said = time.monotonic(), "no answer yet", False
+    while True:
+        try:
+            r = httpx.get(f"{url.rstrip('/')}/health", timeout=10)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = f"{type(e).__name__}: {e}"
+        if time.monotonic() - t0 > timeout_s:
+            raise EngineError(f"the engine at {url} did not answer /health within {timeout_s:.0f} s ({last})",
+                              "see the target's log (make logs SERVICE=target-...), or raise "
+                              "target.startup_timeout_s if it is still loading")
+        if not said:
+            log.info("waiting for the engine at %s to answer /health (up to %.0f s, target.startup_timeout_s): %s",
+                     url, timeout_s, last)
+            said = True
+        time.sleep(every_s)
+
+
 def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], logs: Path) -> dict[str, Any]:
     """Measure in vLLM: with the drafter (``eval.url`` or a server started here), then the baseline without it."""
     e = s.eval
@@ -107,6 +139,7 @@ def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], 
     with ExitStack() as stack:
         if e.url:
             url = e.url
+            wait_for_engine(url, s.target.startup_timeout_s)
         else:
             url = stack.enter_context(_vllm_server(s, target, spec_cfg, logs / "eval-vllm-drafter.log")).url
         client = VLLMClient(url, resolve_model(url, s.target.model if e.url else target.name), e.request_timeout_s)
@@ -136,6 +169,7 @@ def measure_sglang(s: Settings, target: Path, drafter: Path, sets: list[EvalSet]
     with ExitStack() as stack:
         if sglang_url:
             url = sglang_url
+            wait_for_engine(url, s.target.startup_timeout_s)
         else:
             require_sglang()
             # VLLMServer only runs spec.command() in a process group and polls /v1/models: SGLang serves that too.

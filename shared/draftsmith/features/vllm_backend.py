@@ -26,7 +26,7 @@ from draftsmith.errors import EngineError
 from draftsmith.features.hf import SampleFeatures, target_config
 from draftsmith.features.layers import vllm_aux_ids
 from draftsmith.log import get_logger
-from draftsmith.target.checkpoint import load_final_norm
+from draftsmith.target.checkpoint import load_final_norm, read_target_config
 
 log = get_logger(__name__)
 
@@ -87,6 +87,15 @@ def rank_cpu_binding(ranks: int, cpus: int) -> str:
     return "|".join(str(r % cpus) for r in range(ranks))
 
 
+def text_only(target: Path) -> dict:
+    """``{"language_model_only": True}`` for a multimodal target (a ``text_config`` in its config: Kimi-K2.5's
+    ``KimiK25ForConditionalGeneration``), else ``{}``: the samples are text, and without it vLLM also builds the
+    vision tower's processor, which failed on the tiny Kimi-K2.5-layout target (``KeyError:
+    'in_patch_limit_video'``, a key of the video preprocessor its config does not carry) and holds the vision
+    tower's weights beside the language model's for nothing."""
+    return {"language_model_only": True} if "text_config" in read_target_config(target) else {}
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm in float32: ``weight * x / sqrt(mean(x^2) + eps)``; ``x`` ``[T, H]``."""
     xf = x.float()
@@ -122,6 +131,13 @@ class VLLMExtractor:
                            if k.startswith(("VLLM_", "HF_", "TRANSFORMERS_", "DO_NOT"))})
         if x.tensor_parallel_size > 1 and not bind_set:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpu_binding(x.tensor_parallel_size, os.cpu_count() or 1)
+        if x.tensor_parallel_size > 1 and not shutil.which(os.environ.get("CXX", "g++")):
+            # vLLM's vocab-parallel embedding masks its input with a torch.compile'd function, which inductor
+            # compiles with a C++ compiler on CPU; the project image has none, and the ranks died with
+            # "InvalidCxxCompiler" on their first forward. Eager is the same computation (the engine is eager too).
+            os.environ["TORCH_COMPILE_DISABLE"] = "1"
+            log.info("no C++ compiler (%s): torch.compile off in the tensor-parallel ranks (TORCH_COMPILE_DISABLE=1)",
+                     os.environ.get("CXX", "g++"))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: no spawn inside rq jobs
         try:
             from vllm import LLM
@@ -152,7 +168,8 @@ class VLLMExtractor:
             llm = LLM(model=plan.target_dir, dtype=plan.compute_dtype, enforce_eager=True,
                       max_model_len=max(max_len, 256), enable_prefix_caching=False,
                       speculative_config=spec, kv_transfer_config=kv, seed=0,
-                      trust_remote_code=settings.target.trust_remote_code, **parallel, **pin)
+                      trust_remote_code=settings.target.trust_remote_code, **parallel, **pin,
+                      **text_only(Path(plan.target_dir)))
         except Exception as e:  # vLLM raises many types at start-up; one user-facing error with the cause
             raise EngineError(f"vLLM could not start the extraction engine: {type(e).__name__}: {e}",
                               "see docs/extraction.md (vllm backend), or use --backend hf") from e

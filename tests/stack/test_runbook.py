@@ -1,0 +1,353 @@
+"""docs/gpu-host.md section 9 run as written, on the CPU Compose stack: the seed's job with a tiny Kimi-K2.5.
+
+Part of `make test` (podman behind its Docker API, docker-compose 1.29, local images: as tests/stack/test_stack_cpu.py).
+The `.env` lines and the commands are read from the doc's marked blocks (tests/stack/runbook.py); what a CPU runs
+instead comes from the table beside them, never from editing a command. Real parts throughout: the tiny target in
+Kimi-K2.5's checkpoint layout (`draftsmith target make-tiny-kimi`: its own tokenizer code, MLA + MoE) served by
+vLLM's CPU build in the `cpu` profile's target; the generator pool; build-data in the generator container; the
+extractor on the `vllm` backend split over 2 tensor-parallel rank processes, as `.env` says; the trainer's
+one-off container fine-tuning from a drafter of another draft vocabulary (remapped, the overlap logged) with its
+rope adapted; the target restarted with the drafter and acceptance measured by vLLM in the evaluator; then the
+engine switch of the runbook's last line (`ENGINE=vllm`: `make up` stops the `cpu` target first and starts
+`target-vllm`, the project image's vLLM CPU build standing in for the official image) and the measurement again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from draftsmith.target.server import free_port
+from runbook import runbook
+from stack_helpers import REPO, record_phase
+
+pytestmark = [pytest.mark.slow]
+PROJECT = "dsrunbook"
+RUN = "kimi"  # the runbook's RUN=
+PROMPTS = 16  # LIMIT in the CPU table
+DOCKER = "docker" if shutil.which("docker") else "podman"
+UID = 1000  # the image's user: the host folders it writes must be its own
+TARGET = "Kimi-K2.5-tiny"  # TARGET_MODEL in the CPU table
+FIXTURE = "Kimi-K2.5-tiny-Eagle3"  # the public drafter's stand-in (the CPU table's INIT_FROM)
+FIXTURE_VOCAB = 768  # its draft vocabulary; the run builds 1,024
+
+
+def sh(cmd: list[str] | str, env: dict[str, str], timeout: float = 1800, check: bool = True) -> str:
+    """Run a command from the repository root (a string through bash, as typed); fail with its output tail."""
+    argv = ["bash", "-c", cmd] if isinstance(cmd, str) else cmd
+    p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    out = p.stdout + p.stderr
+    if check:
+        assert p.returncode == 0, (
+            f"{cmd if isinstance(cmd, str) else ' '.join(cmd)} exited {p.returncode}:\n{out[-4000:]}"
+        )
+    return out
+
+
+def wait_for(cond, timeout: float, every: float = 5.0, what: str = "") -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond():
+            return
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def set_env(env_file: Path, key: str, line: str) -> None:
+    """Put ``line`` (``KEY=value``, a comment after it kept) in place of KEY's line, or at the end: as a user edits."""
+    lines = env_file.read_text().splitlines()
+    at = [i for i, ln in enumerate(lines) if ln.partition("=")[0].strip() == key and not ln.startswith("#")]
+    if at:
+        lines[at[-1]] = line
+    else:
+        lines.append(line)
+    env_file.write_text("\n".join(lines) + "\n")
+
+
+def compose_cli(env: dict[str, str]) -> str:
+    """The Makefile's DOCKER_COMPOSE: the v2 plugin where Docker has it, else docker-compose 1.29."""
+    v2 = (
+        subprocess.run(["docker", "compose", "version"], capture_output=True, env=env)
+        if DOCKER == "docker"
+        else None
+    )
+    return "docker compose" if v2 is not None and v2.returncode == 0 else "docker-compose"
+
+
+def tiny_kimi(models: Path, env: dict[str, str]) -> Path:
+    """`draftsmith target make-tiny-kimi`'s folder copied to MODELS_DIR/<TARGET> (step 1's download, on a CPU)."""
+    cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "draftsmith", "target", "make-tiny-kimi"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    src = Path(p.stdout.strip().splitlines()[-1])  # the folder (the log goes to stderr)
+    dst = models / TARGET
+    shutil.copytree(src, dst)
+    return dst
+
+
+def drafter_fixture(runs: Path, target: Path, out: Path) -> None:
+    """A drafter of another draft vocabulary and rope than the run's, in the EAGLE-3 export layout: trained for two
+    steps on the run's own features with a 768-token draft vocabulary, its rope theta set to the public Kimi-K2.5
+    drafter's 1e6 (the public drafter cannot be downloaded here)."""
+    from draftsmith.artifacts.data import vocab_dir
+    from draftsmith.config import load_settings
+    from draftsmith.data.vocab import write_draft_vocab
+    from draftsmith.drafter.checkpoint import list_checkpoints
+    from draftsmith.drafter.export import export_checkpoint
+    from draftsmith.drafter.trainer import Trainer
+
+    scratch = out.parent / ".fixture-runs"
+    for d in ("data", "features"):
+        shutil.copytree(runs / RUN / d, scratch / "pub" / d)
+    write_draft_vocab(vocab_dir(scratch / "pub" / "data"), FIXTURE_VOCAB)
+    s = load_settings(
+        None,
+        {
+            "runs_dir": str(scratch),
+            "run": "pub",
+            "target": {"path": str(target), "trust_remote_code": True},
+            "train": {
+                "draft_vocab_size": FIXTURE_VOCAB,
+                "max_steps": 2,
+                "ttt_steps": 2,
+                "batch_size": 4,
+                "batch_tokens": 1024,
+                "precision": "fp32",
+            },
+        },
+    )
+    Trainer(s).run()
+    export_checkpoint(
+        list_checkpoints(scratch / "pub" / "checkpoints")[-1], str(target), scratch / "export", "eagle3"
+    )
+    shutil.copytree(scratch / "export" / "eagle3", out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(
+        rope_theta=1000000.0, rope_scaling=None, rope_parameters={"rope_type": "default", "rope_theta": 1e6}
+    )
+    (out / "config.json").write_text(json.dumps(cfg))
+    shutil.rmtree(scratch)
+    for p in [out, *out.rglob("*")]:
+        os.chown(p, UID, UID)
+
+
+def extraction_done(root: Path) -> bool:
+    f = root / "status" / "extract.json"
+    if not f.is_file():
+        return False
+    snap = json.loads(f.read_text())
+    return snap.get("shards_total", 0) > 0 and snap.get("shards_done") == snap.get("shards_total")
+
+
+def job_failed(ctx) -> bool:
+    """True when the extractor logged a failed job (the run's status does not say; its log does)."""
+    logs = sh(f"{ctx['compose']} logs --no-color extractor", ctx["env"], check=False)
+    return "ERROR draftsmith.jobqueue.worker: job extract-" in logs
+
+
+def records(runs: Path) -> int:
+    from draftsmith.generation.store import iter_records
+
+    return sum(1 for _ in iter_records(runs / RUN / "records")) if (runs / RUN / "records").is_dir() else 0
+
+
+def healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Engine, images, the tiny target, `.env` from .env.example + section 3's host lines; afterwards nothing left."""
+    tmp = tmp_path_factory.mktemp("runbook")
+    for d in ("runs", "models"):
+        (tmp / d).mkdir()
+        os.chown(tmp / d, UID, UID)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")
+    }  # .env is the configuration
+    if os.environ.get("TEST_DRAFTSMITH_CACHE"):
+        env["DRAFTSMITH_TARGET__CACHE_DIR"] = os.environ["TEST_DRAFTSMITH_CACHE"]
+    env["DRAFTSMITH_PROMPTS_DIR"] = str(REPO / "data" / "prompts")
+    t0 = time.time()
+    target = tiny_kimi(tmp / "models", env)
+    for p in [target, *target.rglob("*")]:
+        os.chown(p, UID, UID)
+    record_phase("tiny Kimi target (runbook)", time.time() - t0)
+    env.pop("DRAFTSMITH_TARGET__CACHE_DIR", None)
+    env.pop("DRAFTSMITH_PROMPTS_DIR", None)
+    started_engine = not Path("/run/draftsmith-podman/health-ticker.pid").exists()
+    out = sh(["scripts/podman-host.sh", "start"], env, timeout=900)
+    for line in out.splitlines():
+        if line.startswith("export DOCKER_HOST="):
+            env["DOCKER_HOST"] = line.split("=", 1)[1]
+    compose = f"{compose_cli(env)} -p {PROJECT} --env-file {tmp / '.env'} -f compose.yaml"
+    try:
+        yield from _stack(tmp, env, compose)
+    finally:
+        teardown(env, compose)
+        if started_engine:
+            sh(["scripts/podman-host.sh", "stop"], env, check=False)
+
+
+def _stack(tmp: Path, env: dict[str, str], compose: str):
+    """`.env` (from .env.example and section 3's host lines) and the images; yields the test's context."""
+    ports = {
+        "REDIS_PORT": free_port(),
+        "PROMETHEUS_PORT": free_port(),
+        "TARGET_PORT": free_port(),
+        "GRAFANA_PORT": free_port(),
+    }
+    env_file = tmp / ".env"
+    shutil.copy(REPO / ".env.example", env_file)  # cp .env.example .env, then the host's lines (section 3)
+    host = {
+        "COMPOSE_PROJECT_NAME": PROJECT,
+        "REDIS_PASSWORD": secrets.token_hex(24),
+        "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(16),
+        "TORCH_VARIANT": "cpu",
+        "CPU_KV_CACHE_GIB": "1",
+        "MODELS_DIR": str(tmp / "models"),
+        "RUNS_DIR": str(tmp / "runs"),
+        "PROMPTS_DIR": str(REPO / "data"),
+        "GENERATOR_PROCESSES": "2",
+        **{k: str(v) for k, v in ports.items()},
+    }
+    for k, v in host.items():
+        set_env(env_file, k, f"{k}={v}")
+    t0 = time.time()
+    sh(["make", "-s", "images", f"ENV_FILE={env_file}"], env, timeout=1800)
+    record_phase("images (runbook test)", time.time() - t0)
+    image = next(
+        ln.split("=", 1)[1] for ln in env_file.read_text().splitlines() if ln.startswith("PROJECT_IMAGE=")
+    )
+    set_env(env_file, "VLLM_IMAGE", f"VLLM_IMAGE={image}:cpu")  # the project image's vLLM CPU build
+    env.update(
+        ENV_FILE=str(env_file),
+        PROJECT=PROJECT,
+        COMPOSE_FILES="-f compose.yaml",
+        BUILD="",
+        UP_ARGS="--scale grafana=0",
+    )
+    ctx = {
+        "tmp": tmp,
+        "env": env,
+        "env_file": env_file,
+        "ports": ports,
+        "runs": tmp / "runs",
+        "compose": compose,
+    }
+    yield ctx
+
+
+def teardown(env: dict[str, str], compose: str) -> None:
+    """`down -v` over every profile, then remove whatever of the project survived it; fail if anything is left."""
+    profiles = " ".join(f"--profile {p}" for p in ("cpu", "vllm", "train", "eval"))
+    sh(f"{compose} {profiles} down -v --remove-orphans -t 20", env, check=False, timeout=300)
+    label = f"label=com.docker.compose.project={PROJECT}"
+    left = {}
+    for _ in range(3):
+        left = {
+            kind: sh([DOCKER, *cmd, "-q", "--filter", label], env, check=False).split()
+            for kind, cmd in (
+                ("container", ["ps", "-a"]),
+                ("volume", ["volume", "ls"]),
+                ("network", ["network", "ls"]),
+            )
+        }
+        if not any(left.values()):
+            return
+        for kind, ids in left.items():
+            if ids:
+                sh([DOCKER, kind, "rm", "-f", *ids], env, check=False)
+    assert not any(left.values()), f"the stack left these behind after down -v: {left}"
+
+
+@pytest.mark.timeout(3600)
+def test_the_seeds_runbook_runs_as_written_on_the_cpu_stack(stack):
+    ctx, env, runs, env_file = stack, stack["env"], stack["runs"], stack["env_file"]
+    env_lines, steps, rows = runbook({"compose": ctx["compose"]})
+    for key, line in env_lines:  # section 9's `.env` lines, as pasted
+        set_env(env_file, key, line)
+    log, outputs = ctx["tmp"] / "runbook.log", []
+    mark = [time.time()]
+    for step in steps:
+        if step.env_key:  # "# DRAFTER_DIR=... in .env, then:"
+            set_env(env_file, step.env_key, f"{step.env_key}={step.env_value}")
+            continue
+        cmd = step.command
+        if "DRAFTSMITH_TRAIN__INIT_FROM" in cmd:  # the public drafter's stand-in, before the fine-tune
+            drafter_fixture(runs, ctx["tmp"] / "models" / TARGET, ctx["tmp"] / "models" / FIXTURE)
+        out = sh(cmd, env)
+        outputs.append((cmd, out))
+        with log.open("a") as f:
+            f.write(f"$ {cmd}\n{out}\n")
+        if cmd.split("#")[0].strip() == "make up":  # the operator waits for the target (section 4)
+            wait_for(lambda: healthy(ctx["ports"]["TARGET_PORT"]), 900, 5, "the target to answer /health")
+        elif cmd.startswith("make enqueue"):
+            wait_for(lambda: records(runs) >= PROMPTS, 1200, 5, "one generation record per prompt")
+        elif cmd.startswith("make extract"):
+            wait_for(
+                lambda: extraction_done(runs / RUN) or job_failed(ctx), 1200, 10, "the extractor's shards"
+            )
+            assert extraction_done(runs / RUN), sh(
+                f"{ctx['compose']} logs --no-color --tail=60 extractor", env
+            )
+        elif cmd.startswith("make up && make eval"):
+            report = json.loads((runs / RUN / "eval" / "report.json").read_text())
+            outputs.append(("report", report))
+        record_phase(
+            f"runbook: {cmd.split()[0]} {cmd.split()[1] if len(cmd.split()) > 1 else ''}"[:26],
+            time.time() - mark[0],
+        )
+        mark[0] = time.time()
+    by = {}
+    for cmd, out in outputs:
+        by.setdefault(cmd.split("#")[0].strip() if cmd != "report" else "report", []).append(out)
+
+    # generation: one record per prompt; `make status` counts the answers cut at their length limit apart
+    assert records(runs) == PROMPTS
+    # extraction ran on the extractor's own backend from .env: vLLM, split over 2 tensor-parallel ranks
+    logs = sh(f"{ctx['compose']} logs --no-color extractor", env)
+    assert "backend vllm" in logs and "tensor parallel 2" in logs, logs[-3000:]
+    manifest = json.loads((runs / RUN / "features" / "manifest.json").read_text())
+    assert manifest["backend"] == "vllm", manifest
+    # the extractor freed the target after EXTRACT_RELEASE_IDLE_S with an empty queue
+    assert "released target" in logs, logs[-3000:]
+    # the fine-tune started from the drafter of another vocabulary: remapped, the overlap logged
+    train_out = next(o for c, o in outputs if c.startswith("make train"))
+    known = re.search(r"knows (\d+) of this run's 1024 draft tokens \(([\d.]+)%", train_out)
+    assert known, train_out[-3000:]
+    # the fixture's 768 most frequent tokens of the same data: all of them among the run's 1,024
+    assert int(known.group(1)) == FIXTURE_VOCAB, known.group(0)
+    print(f"remap: {known.group(0)}")
+    assert list((runs / RUN / "checkpoints").glob("*/model.safetensors")), "train wrote no checkpoint"
+    eagle = json.loads((runs / RUN / "export" / "eagle3" / "config.json").read_text())
+    assert eagle["rope_theta"] == 1000000.0 and eagle["draft_vocab_size"] == 1024, eagle  # INIT_ROPE=drafter
+    # acceptance measured in vLLM, twice: the cpu target, then target-vllm after the switch
+    reports = by["report"]
+    assert len(reports) == 2 and reports[0]["created_at"] != reports[1]["created_at"]  # measured twice
+    for report in reports:
+        res = report["results"][0]
+        overall = res["overall"]
+        assert res["engine"] == "vllm" and report["k"] == 3, res
+        assert overall["drafts"] > 0 and overall["acceptance_rate"] is not None, overall
+        assert 1.0 <= overall["mean_acceptance_length"] <= 4.0, overall
+        print(
+            f"acceptance in vLLM: rate {overall['acceptance_rate']:.3f}, mean length "
+            f"{overall['mean_acceptance_length']:.2f} over {overall['drafts']} drafts"
+        )
+    # the engine switch: `make up` with ENGINE=vllm stopped the cpu target before it started target-vllm
+    switch = [o for c, o in outputs if c.startswith("make up && make eval")][-1]
+    assert "gpu-handover: stopping target-cpu first" in switch, switch[-3000:]
+    running = sh(f"{ctx['compose']} --profile cpu --profile vllm ps --services --filter status=running", env)
+    assert "target-vllm" in running.split() and "target-cpu" not in running.split(), running
