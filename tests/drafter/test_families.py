@@ -226,3 +226,32 @@ def test_peagle_trains_exports_and_serves_in_vllm_token_identical(
     )
     assert drafted == alone
     assert c["vllm:spec_decode_num_draft_tokens_total"] == K * drafts > 0
+
+
+def test_eval_reads_a_peagle_export_and_names_the_family(embedded_target, tmp_path):
+    """``draftsmith eval``'s checks accept the P-EAGLE export (its extra ``mask_hidden`` included), read its family
+    from ``config.json`` and the report says which family was served and how it drafts."""
+    from draftsmith.drafter.export import write_export
+    from draftsmith.evaluation.checks import check_drafter_fits
+    from draftsmith.evaluation.evaluate import run_evaluation
+    from draftsmith.evaluation.report import build_report, render_markdown
+
+    m = _drafter(embedded_target).float()
+    out = write_export(
+        m,
+        tmp_path / "eagle3",
+        "eagle3",
+        extra_config={"mask_token_id": m.mask_token_id, "draftsmith_family": "peagle"},
+    )
+    info = check_drafter_fits(embedded_target, out)
+    assert info.family == "peagle" and info.draft_vocab_size == N_DRAFT
+    with pytest.raises(ConfigError, match="cannot serve P-EAGLE"):
+        get_family(info.family).check_engine("both")
+    s = _settings(tmp_path, target={"path": str(embedded_target)}, eval={"drafter": str(out)})
+    with pytest.raises(ConfigError, match="offline estimate drafts a greedy chain.*peagle drafter"):
+        run_evaluation(s, offline=True)  # refused before any engine starts
+    report = build_report("r", "vllm", 3, 0.0, [], str(embedded_target), str(out), family=info.family)
+    assert report["family"] == "peagle"
+    assert "peagle drafter" in render_markdown(report) and "(parallel, one drafter pass)" in render_markdown(
+        report
+    )

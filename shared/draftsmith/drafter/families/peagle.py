@@ -136,6 +136,7 @@ class PEagleFamily:
     name = "peagle"
     method = "eagle3"
     layouts = (EAGLE3,)
+    chain_drafting = False  # one token per drafter pass (the offline estimate's way)
 
     def check(self, settings: Any, features: Any) -> None:
         """Refuse K < 2 (that is EAGLE-3), an eval engine that cannot serve P-EAGLE and an export format this
