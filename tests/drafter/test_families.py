@@ -250,6 +250,20 @@ def test_eval_reads_a_peagle_export_and_names_the_family(embedded_target, tmp_pa
     s = _settings(tmp_path, target={"path": str(embedded_target)}, eval={"drafter": str(out)})
     with pytest.raises(ConfigError, match="offline estimate drafts a greedy chain.*peagle drafter"):
         run_evaluation(s, offline=True)  # refused before any engine starts
+    usable_family(
+        _settings(
+            tmp_path, target={"path": str(embedded_target)}, train={"family": "peagle", "init_from": str(out)}
+        )
+    )  # a P-EAGLE drafter fine-tunes
+    eagle3_export = write_export(m, tmp_path / "plain", "eagle3")
+    with pytest.raises(ConfigError, match="is not a P-EAGLE drafter.*no mask_token_id"):
+        usable_family(
+            _settings(
+                tmp_path,
+                target={"path": str(embedded_target)},
+                train={"family": "peagle", "init_from": str(eagle3_export)},
+            )
+        )
     report = build_report("r", "vllm", 3, 0.0, [], str(embedded_target), str(out), family=info.family)
     assert report["family"] == "peagle"
     assert "peagle drafter" in render_markdown(report) and "(parallel, one drafter pass)" in render_markdown(
