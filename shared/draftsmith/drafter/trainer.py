@@ -36,7 +36,7 @@ from draftsmith.drafter.checkpoint import (
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches, usable_split
 from draftsmith.drafter.distributed import all_sum, setup_distributed
-from draftsmith.drafter.families import family_of_state, require_family, usable_family
+from draftsmith.drafter.families import state_of_family, usable_family
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
 from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_memory_workers
 from draftsmith.drafter.objective import lr_lambda
@@ -158,8 +158,7 @@ class Trainer:
 
     def _resume_weights(self, ckpt) -> None:
         """Check ``ckpt`` belongs to this run, load its weights and position (optimizer state comes later)."""
-        state = read_state(ckpt)
-        require_family(family_of_state(state), self.tc.family, f"checkpoint {ckpt.name}")
+        state = state_of_family(read_state(ckpt), self.tc.family, ckpt.name)  # a checkpoint of another family: refused
         if state.get("vocab_hash") not in (None, self.vocab_hash):
             raise TrainingError(f"checkpoint {ckpt.name} was trained with another draft vocabulary",
                                 "train into a new run, or set train.resume=false to start over in this one")

@@ -155,3 +155,13 @@ def require_family(found: str, wanted: str, what: str) -> None:
             f"{what} is a {found!r} drafter, train.family is {wanted!r}",
             f"set train.family={found}, or train into a new run",
         )
+
+
+def state_of_family(state: dict[str, Any], wanted: str, name: str) -> dict[str, Any]:
+    """A checkpoint's ``state.json`` (``name`` its folder name) when it was trained as family ``wanted``.
+
+    Raises:
+        ConfigError: it was trained as another family (:func:`require_family`).
+    """
+    require_family(family_of_state(state), wanted, f"checkpoint {name}")
+    return state
