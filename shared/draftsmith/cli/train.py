@@ -8,6 +8,7 @@ from draftsmith.artifacts.data import vocab_dir
 from draftsmith.artifacts.vocab import mapping_files
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.drafter.families import family_of_state, get_family
 from draftsmith.drafter.launch import torchrun_argv
 from draftsmith.errors import DraftsmithError
 from draftsmith.paths import RunPaths
@@ -58,6 +59,7 @@ def train_cmd(
     run: str | None = typer.Option(
         None, "--run", help="Run name (reads runs/<run>/data and features; default: the `run` setting, "
         "DRAFTSMITH_RUN). Under torchrun set DRAFTSMITH_RUN instead: torchrun reads --run as its own --run-path."),
+    family: str | None = setting_option("train.family", "--family"),
     ttt_steps: int | None = setting_option("train.ttt_steps", "--ttt-steps"),
     max_steps: int | None = setting_option("train.max_steps", "--max-steps"),
     epochs: int | None = setting_option("train.epochs", "--epochs"),
@@ -67,8 +69,8 @@ def train_cmd(
     no_resume: bool = typer.Option(False, "--no-resume", help="Start over even if checkpoints exist."),
 ) -> None:
     """Train the drafter with training-time test; resumes from the latest checkpoint. Use torchrun for DDP."""
-    s = settings(run=run, train={"ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs, "lr": lr,
-                                 "draft_vocab_size": draft_vocab_size, "init_from": init_from,
+    s = settings(run=run, train={"family": family, "ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs,
+                                 "lr": lr, "draft_vocab_size": draft_vocab_size, "init_from": init_from,
                                  "resume": False if no_resume else None})
     import os
 
@@ -124,17 +126,17 @@ def export_cmd(
     checkpoint: str | None = typer.Option(None, "--checkpoint", help="Checkpoint name or folder (default: latest)."),
     fmt: str | None = setting_option("export.format", "--format"),
 ) -> None:
-    """Write runs/<run>/export/<layout>/ for vLLM and SGLang."""
+    """Write runs/<run>/export/<layout>/ for vLLM and SGLang, in the layouts of the checkpoint's drafter family."""
     s = settings(run=run, export={"format": fmt})
 
     # the latest checkpoint comes down, or the one named (a folder name; a local path needs nothing pulled)
     named = (f"checkpoints/{checkpoint}",) if checkpoint and "/" not in checkpoint else ()
     with staged(s, ("checkpoints", *named, "data"), ("export",)) as s:
-        from draftsmith.drafter.checkpoint import resolve_checkpoint
-        from draftsmith.drafter.export import export_checkpoint
+        from draftsmith.drafter.checkpoint import read_state, resolve_checkpoint
 
         paths = RunPaths(s.runs_dir, s.run)
         ckpt = resolve_checkpoint(paths.checkpoints, checkpoint)
         target = str(target_checkpoint(s))
-        for out in export_checkpoint(ckpt, target, paths.export, s.export.format, s.export.speculative_tokens):
+        family = get_family(family_of_state(read_state(ckpt)))  # the family the checkpoint was trained as
+        for out in family.export_checkpoint(ckpt, target, paths.export, s.export.format, s.export.speculative_tokens):
             typer.echo(str(out))
