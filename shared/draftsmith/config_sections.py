@@ -227,8 +227,11 @@ class ExtractConfig(Section):
 
 
 class TrainConfig(Section):
-    """EAGLE-3 drafter training."""
+    """Drafter training (EAGLE-3 and the other families, drafter/families/)."""
 
+    family: Literal["eagle3", "peagle", "dflash"] = Run(
+        "eagle3", description="Drafter family: eagle3 (chain drafting), peagle (P-EAGLE: K = ttt_steps tokens from "
+        "one drafter pass, served by vLLM with parallel_drafting) or dflash (block diffusion); docs/families.md.")
     ttt_steps: int = Run(7, ge=1, description="Training-time-test unroll depth k.")
     ttt_attention: Literal["blockwise", "dense"] = Host(
         "blockwise", description="Attention of TTT steps >= 1: blockwise (online softmax over tiles, memory "

@@ -6,6 +6,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.drafter.families import family_of_state, get_family
 from draftsmith.drafter.launch import torchrun_argv
 from draftsmith.errors import DraftsmithError
 from draftsmith.paths import RunPaths
@@ -101,17 +102,17 @@ def export_cmd(
     checkpoint: str | None = typer.Option(None, "--checkpoint", help="Checkpoint name or folder (default: latest)."),
     fmt: str | None = setting_option("export.format", "--format"),
 ) -> None:
-    """Write runs/<run>/export/<layout>/ for vLLM and SGLang."""
+    """Write runs/<run>/export/<layout>/ for vLLM and SGLang, in the layouts of the checkpoint's drafter family."""
     s = settings(run=run, export={"format": fmt})
 
     # the latest checkpoint comes down, or the one named (a folder name; a local path needs nothing pulled)
     named = (f"checkpoints/{checkpoint}",) if checkpoint and "/" not in checkpoint else ()
     with staged(s, ("checkpoints", *named, "data"), ("export",)) as s:
-        from draftsmith.drafter.checkpoint import resolve_checkpoint
-        from draftsmith.drafter.export import export_checkpoint
+        from draftsmith.drafter.checkpoint import read_state, resolve_checkpoint
 
         paths = RunPaths(s.runs_dir, s.run)
         ckpt = resolve_checkpoint(paths.checkpoints, checkpoint)
         target = str(target_checkpoint(s))
-        for out in export_checkpoint(ckpt, target, paths.export, s.export.format, s.export.speculative_tokens):
+        family = get_family(family_of_state(read_state(ckpt)))  # the family the checkpoint was trained as
+        for out in family.export_checkpoint(ckpt, target, paths.export, s.export.format, s.export.speculative_tokens):
             typer.echo(str(out))

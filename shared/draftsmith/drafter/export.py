@@ -128,7 +128,8 @@ def export_weights(model, layout: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3, verifier: str = "") -> Path:
+def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3, verifier: str = "",
+                 extra_config: dict[str, Any] | None = None) -> Path:
     """Write one layout into ``out_dir`` (``config.json`` + ``model.safetensors``) atomically; the config records
     the ``code_version`` that wrote it (:func:`draftsmith.artifacts.provenance.stamp`, read back by ``eval``).
 
@@ -137,12 +138,14 @@ def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3,
         layout: ``eagle3`` or ``speculators``.
         speculative_tokens: default K written into the speculators config.
         verifier: the target's path or name (speculators ``verifier.name_or_path``).
+        extra_config: keys added to ``config.json`` (a family's own, e.g. P-EAGLE's ``mask_token_id``).
     """
     from safetensors.torch import save_file
 
     cfg: DraftConfig = model.cfg
     check_layout(layout)
     config = stamp(eagle3_config(cfg) if layout == EAGLE3 else speculators_config(cfg, speculative_tokens, verifier))
+    config.update(extra_config or {})
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
     if tmp.exists():

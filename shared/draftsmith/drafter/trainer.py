@@ -36,10 +36,10 @@ from draftsmith.drafter.checkpoint import (
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches, usable_split
 from draftsmith.drafter.distributed import all_sum, setup_distributed
+from draftsmith.drafter.families import family_of_state, require_family, usable_family
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
 from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_memory_workers
-from draftsmith.drafter.model import Eagle3Drafter
-from draftsmith.drafter.objective import TTTObjective, lr_lambda
+from draftsmith.drafter.objective import lr_lambda
 from draftsmith.drafter.optimizer import LRSchedule, Optimizers
 from draftsmith.drafter.progress import StepTiming, peak_memory_gb, progress_line, set_train_metrics
 from draftsmith.drafter.target_top1 import TargetTop1
@@ -75,6 +75,7 @@ class Trainer:
         self.samples = TrainSamples(self.paths.data)
         self.features = features or self._feature_source()
         self.vocab_size = self.tc.draft_vocab_size or settings.data.draft_vocab_size
+        self.family = usable_family(settings, self.features)  # train.family's model and objective, or refused
         self.d2t, self.t2d, _ = load_draft_vocab(self.paths.data, self.vocab_size)
         self.vocab_hash = mapping_hash(self.d2t)
         layer_ids = self.tc.layer_ids or self.features.layer_ids
@@ -91,7 +92,7 @@ class Trainer:
             from draftsmith.drafter.load import fit_to_pretrained
 
             self.cfg = fit_to_pretrained(self.cfg, self.tc.init_from, self.tc.init_rope)
-        self.model = Eagle3Drafter(self.cfg)
+        self.model = self.family.build_model(self.cfg, self.target_path)
         self.lm_head = init_from_target(self.model, self.target_path, self.d2t, self.t2d, self.tc.lm_head_init,
                                         self.tc.norm_init)
         if self.tc.init_from:
@@ -117,8 +118,7 @@ class Trainer:
         # glibc: no mmap/munmap per step for short micro-batches, its defaults for long ones (draftsmith.allocator)
         keep_freed_memory_for(min(self.tc.batch_tokens, self.tc.batch_size * max(self.lengths.values(), default=0)))
         set_ttt_attention(self.model, self.tc.ttt_attention)
-        self.objective = TTTObjective(self.model, self.tc.ttt_steps, self.tc.loss_decay,
-                                      self.tc.loss_rows == "all", self.tc.feature_noise, self.tc.ttt_loss)
+        self.objective = self.family.objective(self.model, self.tc)
         self.ddp = self.objective
         self.sharded = self.dist.world > 1 and self.tc.parallel == "fsdp"
         if self.sharded:
@@ -159,6 +159,7 @@ class Trainer:
     def _resume_weights(self, ckpt) -> None:
         """Check ``ckpt`` belongs to this run, load its weights and position (optimizer state comes later)."""
         state = read_state(ckpt)
+        require_family(family_of_state(state), self.tc.family, f"checkpoint {ckpt.name}")
         if state.get("vocab_hash") not in (None, self.vocab_hash):
             raise TrainingError(f"checkpoint {ckpt.name} was trained with another draft vocabulary",
                                 "train into a new run, or set train.resume=false to start over in this one")

@@ -27,6 +27,7 @@ from draftsmith.artifacts.export import (
     layer_fields,
     require_layout,
 )
+from draftsmith.drafter.families import family_of_export
 from draftsmith.errors import ModelError
 from draftsmith.log import get_logger
 
@@ -45,6 +46,7 @@ class DrafterInfo:
     draft_vocab_size: int
     layer_ids: tuple[int, ...]
     code_version: str | None = None  # the draftsmith build that exported it; None for a peer's or an older export
+    family: str = "eagle3"  # the drafter family (draftsmith.drafter.families.family_of_export)
 
 
 def _read_config(folder: Path, what: str) -> dict:
@@ -145,7 +147,8 @@ def check_drafter_fits(target_dir: Path, drafter_dir: Path) -> DrafterInfo:
             f"drafter max_position_embeddings {mp_d} is below the target's {mp_t} (silently kills acceptance)",
             "re-export the drafter copying max_position_embeddings and rope settings from the target",
         )
-    return DrafterInfo(drafter_dir, layout, h_d, h_t, v_t, n_draft, layer_ids, d.get("code_version"))
+    return DrafterInfo(drafter_dir, layout, h_d, h_t, v_t, n_draft, layer_ids, d.get("code_version"),
+                       family_of_export(d))
 
 
 def check_engine_reads_layout(engine: str, info: DrafterInfo) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
 from draftsmith.config import Settings
+from draftsmith.drafter.families import get_family
 from draftsmith.errors import EngineError, ModelError
 from draftsmith.evaluation.checks import DrafterInfo, check_drafter_fits, check_engine_reads_layout
 from draftsmith.evaluation.report import build_report, engine_result, write_reports
@@ -23,7 +24,7 @@ from draftsmith.evaluation.sglang import SGLangServerSpec, require_sglang
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
 from draftsmith.target.checkpoint import target_checkpoint
-from draftsmith.target.server import VLLMServer, VLLMServerSpec, eagle3_config, free_port, resolve_model
+from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port, resolve_model
 
 log = get_logger(__name__)
 
@@ -103,7 +104,8 @@ def engine_url(e, engine: str) -> str | None:
 def measure_vllm(s: Settings, target: Path, drafter: Path, sets: list[EvalSet], logs: Path) -> dict[str, Any]:
     """Measure in vLLM: with the drafter (``eval.url`` or a server started here), then the baseline without it."""
     e = s.eval
-    spec_cfg = eagle3_config(drafter, e.k)
+    info = check_drafter_fits(target, drafter)
+    spec_cfg = get_family(info.family).speculative_config(drafter, e.k)
     with ExitStack() as stack:
         if e.url:
             url = e.url
@@ -184,6 +186,7 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     drafter = drafter_dir(s, paths)
     info: DrafterInfo = check_drafter_fits(target, drafter)
     check_engine_reads_layout(s.eval.engine, info)
+    get_family(info.family).check_engine(s.eval.engine)  # an engine that cannot serve the family
     if info.code_version is None:
         log.warning("the drafter %s records no code_version (a peer's export, or an older draftsmith's); the report "
                     "cannot say which build made it", drafter)
@@ -202,6 +205,7 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     off = offline_estimate(target, drafter, sets, s.eval.k, s.eval.max_tokens,
                            s.target.trust_remote_code) if offline else None
     report = build_report(s.run, s.eval.engine, s.eval.k, s.eval.temperature, results, str(target), str(drafter),
-                          off, s.model_dump(mode="json"), info.code_version)
+                          off, s.model_dump(mode="json"), info.code_version,
+                          info.family)
     out = Path(s.eval.out) if s.eval.out else paths.eval
     return write_reports(report, out, s.eval.pushgateway_url)

@@ -76,10 +76,12 @@ def engine_result(engine: str, k: int, temperature: float, sets: list[SetMeasure
 
 def build_report(run: str, engine: str, k: int, temperature: float, results: list[dict[str, Any]],
                  target: str, drafter: str, offline: dict[str, Any] | None = None,
-                 config: dict[str, Any] | None = None, drafter_code_version: str | None = None) -> dict[str, Any]:
+                 config: dict[str, Any] | None = None, drafter_code_version: str | None = None,
+                 family: str = "eagle3") -> dict[str, Any]:
     """The whole ``report.json`` document (schema ``draftsmith.eval-report/1``), stamped with the code version and
     the config's hash (:mod:`draftsmith.artifacts.provenance`); ``drafter_code_version`` is the one the drafter's
-    export records (None: it records none)."""
+    export records (None: it records none); ``family`` the drafter family it was served as
+    (:mod:`draftsmith.drafter.families`)."""
     return stamp({
         "schema": REPORT_SCHEMA,
         "run": run,
@@ -88,6 +90,7 @@ def build_report(run: str, engine: str, k: int, temperature: float, results: lis
         "temperature": temperature,
         "target": target,
         "drafter": drafter,
+        "family": family,
         "drafter_code_version": drafter_code_version,
         "definition": DEFINITION,
         "results": results,
@@ -120,6 +123,10 @@ def _fmt(x: Any, pct: bool = False) -> str:
     return f"{100 * x:.1f}%" if pct else (f"{x:.2f}" if isinstance(x, float) else str(x))
 
 
+# How each family proposes its K tokens per verify step, for the report's first line.
+DRAFTING = {"eagle3": "chain", "peagle": "parallel, one drafter pass", "dflash": "block, one drafter pass"}
+
+
 def drafter_provenance(report: dict[str, Any]) -> str:
     """The report's line on which build exported the drafter (its export's ``code_version``), or that it records
     none (a peer's export, or one written before exports recorded it)."""
@@ -133,8 +140,9 @@ def drafter_provenance(report: dict[str, Any]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     """``report.md``: one table per engine (sets and overall), the definitions, and the offline estimate."""
     lines = [f"# Acceptance of the drafter: run `{report['run']}`", "",
-             f"Target `{report['target']}`, drafter `{report['drafter']}`, K = {report['k']} speculative tokens "
-             f"(chain), temperature {report['temperature']}."
+             f"Target `{report['target']}`, {report.get('family', 'eagle3')} drafter `{report['drafter']}`, "
+             f"K = {report['k']} speculative tokens ({DRAFTING.get(report.get('family'), 'chain')}), "
+             f"temperature {report['temperature']}."
              + (f" Made by {report['code_version']}." if report.get("code_version") else ""),
              "", drafter_provenance(report), ""]
     for line in doctor_pointers(report):
