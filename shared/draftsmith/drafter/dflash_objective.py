@@ -10,7 +10,7 @@ after the target verified positions ``..a-1`` and sampled ``x_a``, the drafter's
 states of positions ``0..a-1`` and its queries are ``x_a`` then K masks at ``a+1..a+K``.
 
 Anchors: positions ``a >= 1`` whose next token ``x[a + 1]`` is in the loss mask (target-generated). Training draws up
-to ``anchors`` of them per row at random (a seeded generator: resumable); evaluation takes up to ``anchors`` evenly
+to ``anchors`` of them per row at random (seeded by the run's seed and the micro-batch: resumable); evaluation takes up to ``anchors`` evenly
 spaced ones, the same every time. A slot is supervised when its token is inside the row and in the loss mask.
 
 Metrics, as :class:`~draftsmith.drafter.ttt.StepStats` with one column per masked slot (``S - 1`` columns):
@@ -181,15 +181,22 @@ class DFlashObjective(nn.Module):
     """One ``forward(batch, view)`` per micro-batch (what DDP/FSDP wrap), drawing anchors from a seeded generator.
 
     Args:
-        drafter: the model. anchors, decay: see :func:`dflash_loss`. seed: the anchor generator's seed.
+        drafter: the model. anchors, decay: see :func:`dflash_loss`. seed: the run's seed (``train.seed``).
     """
 
     def __init__(self, drafter: DFlashDrafter, anchors: int, decay: float, seed: int = 0) -> None:
         super().__init__()
-        self.drafter, self.anchors, self.decay = drafter, anchors, decay
-        self.generator = torch.Generator().manual_seed(seed)
+        self.drafter, self.anchors, self.decay, self.seed = drafter, anchors, decay, seed
+
+    def generator(self, input_ids: torch.Tensor) -> torch.Generator:
+        """The anchor draw of a micro-batch, seeded by ``seed`` and the batch's tokens: a resumed run draws what
+        the uninterrupted one drew (each epoch draws a micro-batch's anchors alike)."""
+        w = torch.arange(1, input_ids.shape[1] + 1, device=input_ids.device)  # [T]
+        digest = int((input_ids * w).sum().item()) % (2**61 - 1)
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + digest) % (2**63 - 1))
 
     def forward(self, batch: dict[str, torch.Tensor], view: TargetView) -> tuple[torch.Tensor, StepStats]:
         """``batch``: ``input_ids``, ``loss_mask``, ``aux``, ``lengths`` (:func:`draftsmith.drafter.data.collate`)."""
-        return dflash_loss(self.drafter, batch["input_ids"], batch["loss_mask"], batch["aux"], batch["lengths"],
-                           view, self.anchors, self.decay, self.generator if self.training else None)
+        ids = batch["input_ids"]
+        return dflash_loss(self.drafter, ids, batch["loss_mask"], batch["aux"], batch["lengths"], view,
+                           self.anchors, self.decay, self.generator(ids) if self.training else None)
