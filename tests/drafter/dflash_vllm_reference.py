@@ -45,27 +45,46 @@ class PlainAttention(torch.nn.Module):
         keys = torch.cat([ck, k.view(Q, self.h_kv, self.d)]).transpose(0, 1)  # [h_kv, T + Q, d]
         vals = torch.cat([cv, v.view(Q, self.h_kv, self.d)]).transpose(0, 1)
         rep = self.h // self.h_kv
-        out = F.scaled_dot_product_attention(q.view(Q, self.h, self.d).transpose(0, 1),
-                                             keys.repeat_interleave(rep, 0), vals.repeat_interleave(rep, 0))
+        out = F.scaled_dot_product_attention(
+            q.view(Q, self.h, self.d).transpose(0, 1),
+            keys.repeat_interleave(rep, 0),
+            vals.repeat_interleave(rep, 0),
+        )
         return out.transpose(0, 1).reshape(Q, self.h * self.d)
 
 
 def main(target: str, export: str, inputs: str, out: str) -> None:
     from safetensors.torch import load_file
-    from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
-    from vllm.config import set_current_vllm_config
+    from vllm.config import (
+        DeviceConfig,
+        ModelConfig,
+        ParallelConfig,
+        SpeculativeConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
     from vllm.model_executor.models.registry import ModelRegistry
 
     tc = ModelConfig(model=target, dtype="float32", max_model_len=1024, enforce_eager=True)
-    sc = SpeculativeConfig(method="dflash", model=export, num_speculative_tokens=3, target_model_config=tc,
-                           target_parallel_config=ParallelConfig())
+    sc = SpeculativeConfig(
+        method="dflash",
+        model=export,
+        num_speculative_tokens=3,
+        target_model_config=tc,
+        target_parallel_config=ParallelConfig(),
+    )
     vc = VllmConfig(model_config=tc, speculative_config=sc, device_config=DeviceConfig("cpu"))
     cls, _ = ModelRegistry.resolve_model_cls(sc.draft_model_config.architectures, sc.draft_model_config)
     with set_current_vllm_config(vc):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{Path(out).with_suffix('.dist')}")
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
+            distributed_init_method=f"file://{Path(out).with_suffix('.dist')}",
+        )
         initialize_model_parallel(1, 1)
         vm = cls(vllm_config=vc)
         vm.load_weights(load_file(str(Path(export) / "model.safetensors")).items())
@@ -80,15 +99,24 @@ def main(target: str, export: str, inputs: str, out: str) -> None:
         aux = x["aux"]
         with torch.no_grad():
             ctx = vm.combine_hidden_states(aux)  # [T, H]
-            vm.precompute_and_store_context_kv(ctx, torch.arange(aux.shape[0]), torch.zeros(aux.shape[0],
-                                                                                             dtype=torch.long))
+            vm.precompute_and_store_context_kv(
+                ctx, torch.arange(aux.shape[0]), torch.zeros(aux.shape[0], dtype=torch.long)
+            )
             for i, layer in enumerate(vm.model.layers):
                 a = layer.self_attn
                 a.attn = PlainAttention(store, i, a.num_heads, a.num_kv_heads, a.head_dim)
             hidden = vm(x["ids"], x["pos"])  # [S, H]
             logits = vm.compute_logits(hidden)  # [S, V]
-    torch.save({"cls": cls.__name__, "hidden": hidden, "logits": logits, "params": [n for n, _ in vm.named_parameters()],
-                "context_k": [store[i][0] for i in sorted(store)]}, out)
+    torch.save(
+        {
+            "cls": cls.__name__,
+            "hidden": hidden,
+            "logits": logits,
+            "params": [n for n, _ in vm.named_parameters()],
+            "context_k": [store[i][0] for i in sorted(store)],
+        },
+        out,
+    )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,10 @@ def dflash_config_json(model: DFlashDrafter) -> dict[str, Any]:
         "target_hidden_size": cfg.target_hidden_size,
         "num_target_layers": cfg.target_num_layers,
         "block_size": model.block_size,
-        "dflash_config": {"target_layer_ids": vllm_aux_ids(cfg.layer_ids), "mask_token_id": model.mask_token_id},
+        "dflash_config": {
+            "target_layer_ids": vllm_aux_ids(cfg.layer_ids),
+            "mask_token_id": model.mask_token_id,
+        },
         EXPORT_KEY: "dflash",
         DRAFTER_KEY: cfg.to_dict(),
     }
@@ -75,8 +78,11 @@ def export_weights(model: DFlashDrafter) -> dict[str, torch.Tensor]:
     ``embed_tokens``, no rotary tables), float32; ``d2t``/``t2d`` only for a draft vocabulary smaller than the
     target's (vLLM has no ``draft_id_to_target_id`` to load them into otherwise)."""
     whole = model.cfg.draft_vocab_size == model.cfg.vocab_size
-    return {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in model_state(model).items()
-            if not (whole and k in ("d2t", "t2d"))}
+    return {
+        k: (v.float() if v.is_floating_point() else v).contiguous()
+        for k, v in model_state(model).items()
+        if not (whole and k in ("d2t", "t2d"))
+    }
 
 
 def write_dflash_export(model: DFlashDrafter, out_dir: Path) -> Path:
@@ -110,16 +116,22 @@ def load_dflash_export(folder: Path, target_path: Path | str) -> DFlashDrafter:
     conf = json.loads(config_path(folder).read_text())
     if conf.get("architectures") != [ARCHITECTURE] or DRAFTER_KEY not in conf:
         raise ModelError(f"{folder} is not a DFlash export written by draftsmith", "export the run again")
-    model = DFlashDrafter(DraftConfig.from_dict(conf[DRAFTER_KEY]), int(conf["block_size"]),
-                          int(conf["dflash_config"]["mask_token_id"]))
+    model = DFlashDrafter(
+        DraftConfig.from_dict(conf[DRAFTER_KEY]),
+        int(conf["block_size"]),
+        int(conf["dflash_config"]["mask_token_id"]),
+    )
     if model.cfg.draft_vocab_size == model.cfg.vocab_size:
         model.d2t.zero_()
         model.t2d.fill_(True)
     missing, unexpected = model.load_state_dict(load_file(str(weights_path(folder))), strict=False)
     allowed = {"embed_tokens.weight", "d2t", "t2d"}
     if unexpected or set(missing) - allowed:
-        raise ModelError(f"{folder}: weights do not fit the config (missing {sorted(set(missing) - allowed)}, "
-                         f"unexpected {sorted(unexpected)})", "export the run again")
+        raise ModelError(
+            f"{folder}: weights do not fit the config (missing {sorted(set(missing) - allowed)}, "
+            f"unexpected {sorted(unexpected)})",
+            "export the run again",
+        )
     with torch.no_grad():
         model.embed_tokens.weight.copy_(load_target_head(target_path)[0])
     return model.eval()

@@ -58,13 +58,21 @@ def check_shape(cfg: DraftConfig, block_size: int, mask_token_id: int) -> None:
             has none) or one of EAGLE-3's norm flags (DFlash has no such options).
     """
     if block_size < 2:
-        raise ModelError(f"DFlash block size {block_size} leaves no masked slot", "draft at least one token per block")
+        raise ModelError(
+            f"DFlash block size {block_size} leaves no masked slot", "draft at least one token per block"
+        )
     if not 0 <= mask_token_id < cfg.vocab_size:
-        raise ModelError(f"mask token id {mask_token_id} is outside the target vocabulary 0..{cfg.vocab_size - 1}")
+        raise ModelError(
+            f"mask token id {mask_token_id} is outside the target vocabulary 0..{cfg.vocab_size - 1}"
+        )
     if cfg.mlp_bias:
-        raise ModelError("the target's MLP has biases; vLLM's DFlash drafter (Qwen2MLP) has none",
-                         "train this target with train.family=eagle3")
-    flags = [f for f in ("norm_before_residual", "fc_norm", "norm_before_fc", "norm_output") if getattr(cfg, f)]
+        raise ModelError(
+            "the target's MLP has biases; vLLM's DFlash drafter (Qwen2MLP) has none",
+            "train this target with train.family=eagle3",
+        )
+    flags = [
+        f for f in ("norm_before_residual", "fc_norm", "norm_before_fc", "norm_output") if getattr(cfg, f)
+    ]
     if flags:
         raise ModelError(f"{flags} are EAGLE-3 options; a DFlash drafter has none", f"unset train.{flags[0]}")
 
@@ -98,8 +106,14 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.h_kv, self.d).transpose(1, 2)  # [B, h_kv, T, d]
         return rotate(k, cos, sin), v
 
-    def forward(self, x: torch.Tensor, rope_q: tuple[torch.Tensor, torch.Tensor], context: torch.Tensor,
-                rope_c: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_q: tuple[torch.Tensor, torch.Tensor],
+        context: torch.Tensor,
+        rope_c: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Attend the block's queries to ``[context keys | block keys]``.
 
         Args:
@@ -134,7 +148,9 @@ class DFlashDecoderLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())  # gate_proj, up_proj, down_proj: vLLM's Qwen2MLP
 
-    def forward(self, x: torch.Tensor, rope_q, context: torch.Tensor, rope_c, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope_q, context: torch.Tensor, rope_c, mask: torch.Tensor
+    ) -> torch.Tensor:
         """``x`` ``[B, Q, H]`` residual stream in, out (see :meth:`DFlashAttention.forward` for the rest)."""
         x = x + self.self_attn(self.input_layernorm(x), rope_q, context, rope_c, mask)  # [B, Q, H]
         return x + self.mlp(self.post_attention_layernorm(x))  # [B, Q, H]
@@ -178,8 +194,14 @@ class DFlashDrafter(nn.Module):
         ``hidden_norm``, as vLLM's ``combine_hidden_states`` then ``_project_context_kv``)."""
         return self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
 
-    def forward(self, block_ids: torch.Tensor, block_pos: torch.Tensor, aux: torch.Tensor, context_pos: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        block_ids: torch.Tensor,
+        block_pos: torch.Tensor,
+        aux: torch.Tensor,
+        context_pos: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Denoise every block of a batch in one pass.
 
         Args:

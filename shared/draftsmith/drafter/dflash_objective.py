@@ -99,7 +99,9 @@ def _ce_chunk(h: torch.Tensor, head: torch.Tensor, probs: torch.Tensor) -> tuple
     return -(probs * F.log_softmax(logits, dim=-1)).sum(-1), logits.argmax(-1)
 
 
-def block_ce(normed: torch.Tensor, head: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_ce(
+    normed: torch.Tensor, head: torch.Tensor, probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Soft cross-entropy and greedy draft of rows ``normed`` ``[R, H]`` against the target distributions ``probs``
     ``[R, N]`` over the draft vocabulary, in chunks whose ``[c, N]`` logits are recomputed in backward, not kept.
 
@@ -111,11 +113,15 @@ def block_ce(normed: torch.Tensor, head: torch.Tensor, probs: torch.Tensor) -> t
     ces, tops = [], []
     for s in range(0, R, step):
         args = (normed[s : s + step], head, probs[s : s + step])
-        ce, top = checkpoint(_ce_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _ce_chunk(*args)
+        ce, top = (
+            checkpoint(_ce_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _ce_chunk(*args)
+        )
         ces.append(ce)
         tops.append(top)
     if not ces:
-        return normed.new_zeros(0, dtype=torch.float32), torch.zeros(0, dtype=torch.long, device=normed.device)
+        return normed.new_zeros(0, dtype=torch.float32), torch.zeros(
+            0, dtype=torch.long, device=normed.device
+        )
     return torch.cat(ces), torch.cat(tops)
 
 
@@ -171,9 +177,17 @@ def dflash_loss(
     with torch.no_grad():
         right = torch.zeros_like(sup)
         right[rows] = top == view.top.gather(1, prev).view_as(tpos)[rows]  # [B, N, S-1]
-        alive = torch.cat([valid.unsqueeze(-1), right[..., :-1]], dim=-1).long().cumprod(-1).bool()  # [B, N, S-1]
-        sums = torch.stack([ce_slot.detach(), n_slot.float(), (alive & right).sum((0, 1)).float(),
-                            (alive & sup).sum((0, 1)).float()]).double()  # [4, S-1]
+        alive = (
+            torch.cat([valid.unsqueeze(-1), right[..., :-1]], dim=-1).long().cumprod(-1).bool()
+        )  # [B, N, S-1]
+        sums = torch.stack(
+            [
+                ce_slot.detach(),
+                n_slot.float(),
+                (alive & right).sum((0, 1)).float(),
+                (alive & sup).sum((0, 1)).float(),
+            ]
+        ).double()  # [4, S-1]
     return loss, StepStats(sums)
 
 
@@ -198,5 +212,14 @@ class DFlashObjective(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor], view: TargetView) -> tuple[torch.Tensor, StepStats]:
         """``batch``: ``input_ids``, ``loss_mask``, ``aux``, ``lengths`` (:func:`draftsmith.drafter.data.collate`)."""
         ids = batch["input_ids"]
-        return dflash_loss(self.drafter, ids, batch["loss_mask"], batch["aux"], batch["lengths"], view,
-                           self.anchors, self.decay, self.generator(ids) if self.training else None)
+        return dflash_loss(
+            self.drafter,
+            ids,
+            batch["loss_mask"],
+            batch["aux"],
+            batch["lengths"],
+            view,
+            self.anchors,
+            self.decay,
+            self.generator(ids) if self.training else None,
+        )

@@ -32,7 +32,9 @@ from draftsmith.log import get_logger
 log = get_logger(__name__)
 
 LAYOUT = "dflash"  # export/dflash/
-PLACEHOLDER_BLOCK = 2  # block size of a drafter before its objective sets train.ttt_steps + 1 (no weight depends on it)
+PLACEHOLDER_BLOCK = (
+    2  # block size of a drafter before its objective sets train.ttt_steps + 1 (no weight depends on it)
+)
 EAGLE3_ONLY = ("norm_before_residual", "fc_norm", "norm_before_fc", "norm_output")
 
 
@@ -58,21 +60,30 @@ class DFlashFamily:
             raise ConfigError(
                 f"train.layer_ids {list(tc.layer_ids)} are not the extracted layers {have}: the DFlash context is "
                 "read from the stored features",
-                f"extract those layers (`draftsmith extract` with extract.layers={ids}), or drop train.layer_ids")
+                f"extract those layers (`draftsmith extract` with extract.layers={ids}), or drop train.layer_ids",
+            )
         flags = [f for f in EAGLE3_ONLY if getattr(tc, f)]
         if flags:
-            raise ConfigError(f"train.{flags[0]} is an EAGLE-3 option; a DFlash drafter has no such norm",
-                              f"unset train.{flags[0]} or set train.family=eagle3")
+            raise ConfigError(
+                f"train.{flags[0]} is an EAGLE-3 option; a DFlash drafter has no such norm",
+                f"unset train.{flags[0]} or set train.family=eagle3",
+            )
         if tc.init_from:
-            raise ConfigError("train.init_from starts from an EAGLE-3 drafter; a DFlash drafter has other layers",
-                              "drop train.init_from for train.family=dflash")
+            raise ConfigError(
+                "train.init_from starts from an EAGLE-3 drafter; a DFlash drafter has other layers",
+                "drop train.init_from for train.family=dflash",
+            )
         if tc.loss_rows == "all":
-            raise ConfigError("train.loss_rows=all: DFlash blocks are anchored in the answers (loss-masked tokens)",
-                              "set train.loss_rows=generated")
+            raise ConfigError(
+                "train.loss_rows=all: DFlash blocks are anchored in the answers (loss-masked tokens)",
+                "set train.loss_rows=generated",
+            )
         self.check_engine(settings.eval.engine)
         if settings.export.format == "speculators":
-            raise ConfigError("DFlash is exported in its own layout (export/dflash), not speculators",
-                              "set export.format to both (the default) or eagle3; either writes export/dflash")
+            raise ConfigError(
+                "DFlash is exported in its own layout (export/dflash), not speculators",
+                "set export.format to both (the default) or eagle3; either writes export/dflash",
+            )
 
     def build_model(self, cfg: DraftConfig, target_path: str) -> DFlashDrafter:
         """:class:`DFlashDrafter` of ``cfg`` with the target's mask token (the block size is set by
@@ -95,8 +106,13 @@ class DFlashFamily:
         cfg = DraftConfig.from_dict(state["drafter"])
         block = int(((state.get("config") or {}).get("train") or {}).get("ttt_steps", 1)) + 1
         model = DFlashDrafter(cfg, block, default_mask_token_id(read_target_config(target_path)))
-        init_from_target(model, target_path, torch.zeros(cfg.draft_vocab_size, dtype=torch.long),
-                         torch.zeros(cfg.vocab_size, dtype=torch.bool), lm_head="random")  # the frozen embedding
+        init_from_target(
+            model,
+            target_path,
+            torch.zeros(cfg.draft_vocab_size, dtype=torch.long),
+            torch.zeros(cfg.vocab_size, dtype=torch.bool),
+            lm_head="random",
+        )  # the frozen embedding
         load_model_weights(model, Path(ckpt))
         return model.eval()
 
@@ -117,8 +133,11 @@ class DFlashFamily:
             raise ModelError("DFlash is exported in its own layout only", "export with --format both")
         model = self.load_checkpoint(ckpt, target_path)
         if speculative_tokens > model.block_size - 1:
-            log.warning("export.speculative_tokens %d is more than the %d masked slots this drafter was trained with",
-                        speculative_tokens, model.block_size - 1)
+            log.warning(
+                "export.speculative_tokens %d is more than the %d masked slots this drafter was trained with",
+                speculative_tokens,
+                model.block_size - 1,
+            )
         return [write_dflash_export(model, run_location(out_root) / LAYOUT)]
 
     def speculative_config(self, drafter: Path | str, k: int) -> dict[str, Any]:
@@ -130,8 +149,10 @@ class DFlashFamily:
         conf = json.loads(config_path(Path(drafter)).read_text())
         slots = int(conf.get("block_size", k + 1)) - 1
         if k > slots:
-            raise ConfigError(f"K = {k} draft tokens asked of a DFlash drafter trained with {slots} masked slots",
-                              f"set eval.k <= {slots}, or train with train.ttt_steps={k}")
+            raise ConfigError(
+                f"K = {k} draft tokens asked of a DFlash drafter trained with {slots} masked slots",
+                f"set eval.k <= {slots}, or train with train.ttt_steps={k}",
+            )
         return {"method": self.method, "model": str(drafter), "num_speculative_tokens": k}
 
     def check_engine(self, engine: str) -> None:
@@ -141,8 +162,11 @@ class DFlashFamily:
             ConfigError: ``engine`` is ``sglang`` or ``both``.
         """
         if engine != "vllm":
-            raise ConfigError(f"engine {engine!r} cannot serve DFlash: draftsmith serves it in vLLM only "
-                              "(method: dflash, docs/families.md)", "set eval.engine=vllm")
+            raise ConfigError(
+                f"engine {engine!r} cannot serve DFlash: draftsmith serves it in vLLM only "
+                "(method: dflash, docs/families.md)",
+                "set eval.engine=vllm",
+            )
 
 
 FAMILY = DFlashFamily()
