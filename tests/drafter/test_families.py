@@ -49,7 +49,9 @@ def test_peagle_is_refused_before_training_where_it_cannot_be_used(tmp_path):
     with pytest.raises(ConfigError, match="eagle3 layout only"):
         usable_family(_settings(tmp_path, train={"family": "peagle"}, export={"format": "speculators"}))
     assert usable_family(_settings(tmp_path, train={"family": "peagle", "ttt_steps": 3})).name == "peagle"
-    with pytest.raises(ConfigError, match="checkpoint step-1 is a 'eagle3' drafter, train.family is 'peagle'"):
+    with pytest.raises(
+        ConfigError, match="checkpoint step-1 is a 'eagle3' drafter, train.family is 'peagle'"
+    ):
         require_family(family_of_state({"config": {"train": {}}}), "peagle", "checkpoint step-1")
 
 
@@ -118,3 +120,152 @@ def test_peagle_loss_shapes_and_mask_hidden_gradient(embedded_target):
     m.mask_hidden.grad = None  # with K = 1 no slot reads the mask: P-EAGLE reduces to EAGLE-3's first step
     ttt_loss(m, ids, loss_mask, aux, lengths, view, 1)[0].backward()
     assert m.mask_hidden.grad is None
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_peagle_trains_exports_and_serves_in_vllm_token_identical(
+    reference_run, embedded_target, draft_vocab, tmp_path
+):
+    """P-EAGLE end to end on real SmolLM2 features: a few training steps, the family's export, vLLM's CPU build
+    with ``parallel_drafting: true`` (float32): greedy output identical to the target alone, and K draft tokens
+    proposed per verify step (vLLM's spec-decode counters)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import httpx
+    from draftsmith.drafter.checkpoint import latest_checkpoint, read_state
+    from draftsmith.drafter.trainer import Trainer
+    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
+    from safetensors import safe_open
+    from test_e2e_vllm import HELD_OUT, spec_counters
+
+    K = 3
+    runs = tmp_path / "runs"
+    shutil.copytree(reference_run, runs / "pe")
+    s = load_settings(
+        None,
+        {
+            "runs_dir": str(runs),
+            "run": "pe",
+            "target": {"path": str(embedded_target)},
+            "train": {
+                "family": "peagle",
+                "draft_vocab_size": draft_vocab,
+                "ttt_steps": K,
+                "max_steps": 12,
+                "batch_size": 4,
+                "batch_tokens": 640,
+                "lr": 2e-3,
+                "log_every": 4,
+                "eval_every": 1000,
+            },
+        },
+    )
+    result = Trainer(s).run()
+    assert len(result["train"]["acc"]) == K and result["heldout"]["acc"][0] > 0, result
+    ckpt = latest_checkpoint(runs / "pe" / "checkpoints")
+    family = get_family(family_of_state(read_state(ckpt)))
+    assert family.name == "peagle"
+    (out,) = family.export_checkpoint(ckpt, str(embedded_target), runs / "pe" / "export", "both", K)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (
+        cfg["mask_token_id"] == 0
+        and cfg["draftsmith_family"] == "peagle"
+        and family_of_export(cfg) == "peagle"
+    )
+    with safe_open(str(out / "model.safetensors"), "pt") as st:
+        assert st.get_slice("mask_hidden").get_shape() == [1, 3 * 576]  # [1, 3 * H_t] of SmolLM2-135M
+
+    prompts = [[{"role": "user", "content": q}] for q in HELD_OUT[:3]]
+
+    def serve(speculative, name):
+        spec = VLLMServerSpec(
+            model=Path(embedded_target),
+            served_name="smol",
+            port=free_port(),
+            max_model_len=1024,
+            kv_cache_gib=1,
+            enforce_eager=True,
+            max_num_seqs=1,
+            dtype="float32",
+            speculative=speculative,
+        )
+        ids = []
+        with VLLMServer(spec, tmp_path / f"vllm-{name}.log").start(timeout_s=900) as server:
+            for p in prompts:
+                r = httpx.post(
+                    f"{server.url}/v1/chat/completions",
+                    timeout=600,
+                    json={
+                        "model": "smol",
+                        "messages": p,
+                        "max_tokens": 32,
+                        "temperature": 0.0,
+                        "return_token_ids": True,
+                    },
+                )
+                r.raise_for_status()
+                ids.append(r.json()["choices"][0]["token_ids"])
+            return ids, spec_counters(httpx.get(f"{server.url}/metrics", timeout=30).text)
+
+    alone, _ = serve(None, "target")
+    drafted, c = serve(family.speculative_config(out, K), "peagle")
+    drafts, accepted = c["vllm:spec_decode_num_drafts_total"], c["vllm:spec_decode_num_accepted_tokens_total"]
+    print(
+        json.dumps(
+            {
+                "drafts": drafts,
+                "accepted": accepted,
+                "mean_acceptance_length": 1 + accepted / drafts,
+                "train_acc": result["train"]["acc"],
+                "heldout_acc": result["heldout"]["acc"],
+            }
+        )
+    )
+    assert drafted == alone
+    assert c["vllm:spec_decode_num_draft_tokens_total"] == K * drafts > 0
+
+
+def test_eval_reads_a_peagle_export_and_names_the_family(embedded_target, tmp_path):
+    """``draftsmith eval``'s checks accept the P-EAGLE export (its extra ``mask_hidden`` included), read its family
+    from ``config.json`` and the report says which family was served and how it drafts."""
+    from draftsmith.drafter.export import write_export
+    from draftsmith.evaluation.checks import check_drafter_fits
+    from draftsmith.evaluation.evaluate import run_evaluation
+    from draftsmith.evaluation.report import build_report, render_markdown
+
+    m = _drafter(embedded_target).float()
+    out = write_export(
+        m,
+        tmp_path / "eagle3",
+        "eagle3",
+        extra_config={"mask_token_id": m.mask_token_id, "draftsmith_family": "peagle"},
+    )
+    info = check_drafter_fits(embedded_target, out)
+    assert info.family == "peagle" and info.draft_vocab_size == N_DRAFT
+    with pytest.raises(ConfigError, match="cannot serve P-EAGLE"):
+        get_family(info.family).check_engine("both")
+    s = _settings(tmp_path, target={"path": str(embedded_target)}, eval={"drafter": str(out)})
+    with pytest.raises(ConfigError, match="offline estimate drafts a greedy chain.*peagle drafter"):
+        run_evaluation(s, offline=True)  # refused before any engine starts
+    usable_family(
+        _settings(
+            tmp_path, target={"path": str(embedded_target)}, train={"family": "peagle", "init_from": str(out)}
+        )
+    )  # a P-EAGLE drafter fine-tunes
+    eagle3_export = write_export(m, tmp_path / "plain", "eagle3")
+    with pytest.raises(ConfigError, match="is not a P-EAGLE drafter.*no mask_token_id"):
+        usable_family(
+            _settings(
+                tmp_path,
+                target={"path": str(embedded_target)},
+                train={"family": "peagle", "init_from": str(eagle3_export)},
+            )
+        )
+    report = build_report("r", "vllm", 3, 0.0, [], str(embedded_target), str(out), family=info.family)
+    assert report["family"] == "peagle"
+    assert "peagle drafter" in render_markdown(report) and "(parallel, one drafter pass)" in render_markdown(
+        report
+    )

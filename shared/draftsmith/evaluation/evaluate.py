@@ -15,7 +15,7 @@ from typing import Any
 from draftsmith.artifacts.export import DFLASH, EAGLE3, SPECULATORS, layout_dir
 from draftsmith.config import Settings
 from draftsmith.drafter.families import get_family
-from draftsmith.errors import EngineError, ModelError
+from draftsmith.errors import ConfigError, EngineError, ModelError
 from draftsmith.evaluation.checks import DrafterInfo, check_drafter_fits, check_engine_reads_layout
 from draftsmith.evaluation.report import build_report, engine_result, write_reports
 from draftsmith.evaluation.runner import SetMeasure, SGLangClient, VLLMClient, overall, run_set
@@ -178,6 +178,8 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
 
     Raises:
         ModelError: missing target or drafter, or a drafter that does not fit the target (before any engine starts).
+        ConfigError: an engine that cannot serve the drafter's family, or the offline estimate of a family that
+            does not draft a chain (before any engine starts).
         DataError: an unknown or malformed eval set (before any engine starts).
         EngineError: an engine failed to start (with its log tail) or to answer.
     """
@@ -186,7 +188,11 @@ def run_evaluation(s: Settings, offline: bool = False) -> dict[str, Path]:
     drafter = drafter_dir(s, paths)
     info: DrafterInfo = check_drafter_fits(target, drafter)
     check_engine_reads_layout(s.eval.engine, info)
-    get_family(info.family).check_engine(s.eval.engine)  # an engine that cannot serve the family
+    family = get_family(info.family)
+    family.check_engine(s.eval.engine)  # an engine that cannot serve the family
+    if offline and not getattr(family, "chain_drafting", False):
+        raise ConfigError(f"the offline estimate drafts a greedy chain, EAGLE-3's way; {drafter} is a "
+                          f"{family.name} drafter", "drop --offline: the engine's counters measure it")
     if info.code_version is None:
         log.warning("the drafter %s records no code_version (a peer's export, or an older draftsmith's); the report "
                     "cannot say which build made it", drafter)

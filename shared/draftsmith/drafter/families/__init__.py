@@ -37,11 +37,14 @@ class Family(Protocol):
     Attributes:
         name: the ``train.family`` value. method: vLLM's ``speculative_config.method``.
         layouts: export layouts it writes (``draftsmith.artifacts.export.LAYOUTS`` names or its own).
+        chain_drafting: one draft token per drafter pass, so ``draftsmith eval --offline``'s greedy chain
+            (``drafter/offline.py``) measures it; a family without it is refused there.
     """
 
     name: str
     method: str
     layouts: tuple[str, ...]
+    chain_drafting: bool
 
     def check(self, settings: Any, features: Any) -> None:
         """Refuse, before anything is built or trained, a run this family cannot train or the configured engine

@@ -22,6 +22,7 @@ class Eagle3Family:
     name = "eagle3"
     method = "eagle3"
     layouts = LAYOUTS
+    chain_drafting = True  # one token per drafter pass (the offline estimate's way)
 
     def check(self, settings: Any, features: Any) -> None:
         """Nothing beyond what the trainer checks itself (features, vocabulary, target)."""

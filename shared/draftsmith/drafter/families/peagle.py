@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
+from draftsmith.artifacts.export import EAGLE3, SPECULATORS, config_path, layout_dir
 from draftsmith.drafter.checkpoint import load_model_weights, read_state
 from draftsmith.drafter.config import DraftConfig
 from draftsmith.drafter.export import write_export
@@ -47,6 +47,7 @@ from draftsmith.drafter.objective import TTTObjective
 from draftsmith.drafter.vocab import init_from_target
 from draftsmith.errors import ConfigError, ModelError
 from draftsmith.log import get_logger
+from draftsmith.target.checkpoint import target_checkpoint
 from draftsmith.target.server import eagle3_config
 
 log = get_logger(__name__)
@@ -136,10 +137,11 @@ class PEagleFamily:
     name = "peagle"
     method = "eagle3"
     layouts = (EAGLE3,)
+    chain_drafting = False  # one token per drafter pass (the offline estimate's way)
 
     def check(self, settings: Any, features: Any) -> None:
-        """Refuse K < 2 (that is EAGLE-3), an eval engine that cannot serve P-EAGLE and an export format this
-        family cannot be written in.
+        """Refuse K < 2 (that is EAGLE-3), an eval engine that cannot serve P-EAGLE, an export format this
+        family cannot be written in and a pretrained drafter (``train.init_from``) that is not a P-EAGLE one.
 
         Raises:
             ConfigError: with the reason.
@@ -155,6 +157,30 @@ class PEagleFamily:
                 "P-EAGLE is exported in the eagle3 layout only (its mask_hidden and mask_token_id "
                 "are read there by vLLM's llama_eagle3.py)",
                 "set export.format to eagle3 or both",
+            )
+        if settings.train.init_from:
+            self._check_init_from(Path(settings.train.init_from), mask_token_id(target_checkpoint(settings)))
+
+    @staticmethod
+    def _check_init_from(folder: Path, mask: int) -> None:
+        """A pretrained drafter to fine-tune must be a P-EAGLE one with this run's mask token (its ``mask_hidden``
+        was learned with that token's embedding row).
+
+        Raises:
+            ConfigError: it has no ``mask_token_id`` (an EAGLE-3 drafter) or another one.
+        """
+        cfg = config_path(folder)
+        found = json.loads(cfg.read_text()).get("mask_token_id") if cfg.is_file() else None
+        if found is None:
+            raise ConfigError(
+                f"train.init_from {folder} is not a P-EAGLE drafter (its config.json has no "
+                "mask_token_id, its weights no mask_hidden)",
+                "fine-tune from a P-EAGLE export, or train P-EAGLE from scratch (drop train.init_from)",
+            )
+        if int(found) != mask:
+            raise ConfigError(
+                f"train.init_from {folder} was trained with mask token {found}, this target's is {mask}",
+                "fine-tune from a P-EAGLE drafter of this target",
             )
 
     def build_model(self, cfg: DraftConfig, target_path: str) -> PEagleDrafter:
