@@ -124,6 +124,18 @@ def test_forward_and_weight_names_are_vllms(embedded_target, tmp_path):
     )
 
 
+def test_eval_reads_the_export_and_serves_it_as_dflash(embedded_target, tmp_path):
+    from draftsmith.evaluation.checks import check_drafter_fits
+
+    out = write_dflash_export(random_drafter(embedded_target, block=4), tmp_path / "dflash")
+    info = check_drafter_fits(embedded_target, out)
+    assert (info.family, info.layout, info.layer_ids, info.draft_vocab_size) == ("dflash", "dflash", (2, 15, 27), 64)
+    fam = get_family(info.family)
+    assert fam.speculative_config(out, 3) == {"method": "dflash", "model": str(out), "num_speculative_tokens": 3}
+    with pytest.raises(ConfigError, match="K = 4 draft tokens asked of a DFlash drafter trained with 3 masked slots"):
+        fam.speculative_config(out, 4)
+
+
 def test_cpu_vllm_norms_every_layers_context_keys_with_layer_0s_k_norm(embedded_target, tmp_path):
     """Why a multi-layer DFlash drafter is not served exactly on vLLM's CPU build (``dflash_model``'s docstring):
     the grouped ``ops.rms_norm`` of ``_normalize_context_k`` applies layer 0's ``k_norm`` weight to layer 1's keys."""
