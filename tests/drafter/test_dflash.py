@@ -129,10 +129,21 @@ def test_eval_reads_the_export_and_serves_it_as_dflash(embedded_target, tmp_path
 
     out = write_dflash_export(random_drafter(embedded_target, block=4), tmp_path / "dflash")
     info = check_drafter_fits(embedded_target, out)
-    assert (info.family, info.layout, info.layer_ids, info.draft_vocab_size) == ("dflash", "dflash", (2, 15, 27), 64)
+    assert (info.family, info.layout, info.layer_ids, info.draft_vocab_size) == (
+        "dflash",
+        "dflash",
+        (2, 15, 27),
+        64,
+    )
     fam = get_family(info.family)
-    assert fam.speculative_config(out, 3) == {"method": "dflash", "model": str(out), "num_speculative_tokens": 3}
-    with pytest.raises(ConfigError, match="K = 4 draft tokens asked of a DFlash drafter trained with 3 masked slots"):
+    assert fam.speculative_config(out, 3) == {
+        "method": "dflash",
+        "model": str(out),
+        "num_speculative_tokens": 3,
+    }
+    with pytest.raises(
+        ConfigError, match="K = 4 draft tokens asked of a DFlash drafter trained with 3 masked slots"
+    ):
         fam.speculative_config(out, 4)
 
 

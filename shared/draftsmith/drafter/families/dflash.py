@@ -44,7 +44,7 @@ class DFlashFamily:
     name = "dflash"
     method = "dflash"
     layouts = (LAYOUT,)
-    chain_drafting = False  # a whole block per drafter pass: eval --offline's greedy chain does not measure it
+    chain_drafting = False  # a block per drafter pass: eval --offline's greedy chain cannot measure it
 
     def check(self, settings: Any, features: Any) -> None:
         """Refuse what a DFlash run cannot use, before anything is built: context layers other than the extracted
