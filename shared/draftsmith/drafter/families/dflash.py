@@ -79,6 +79,12 @@ class DFlashFamily:
                 "train.loss_rows=all: DFlash blocks are anchored in the answers (loss-masked tokens)",
                 "set train.loss_rows=generated",
             )
+        if tc.num_layers > 1:
+            log.warning(
+                "a DFlash drafter of %d layers is served on vLLM's CPU build with layer 0's k_norm on every "
+                "layer's context keys (docs/families.md, CPU caveat); 1 layer is served exactly",
+                tc.num_layers,
+            )
         self.check_engine(settings.eval.engine)
         if settings.export.format == "speculators":
             raise ConfigError(
