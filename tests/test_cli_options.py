@@ -11,7 +11,7 @@ from draftsmith.config import Settings
 
 # flag of each command -> the setting it sets (what the command passes to `settings(...)`)
 MIRRORED = {
-    "train": {"--ttt-steps": "train.ttt_steps", "--max-steps": "train.max_steps", "--epochs": "train.epochs",
+    "train": {"--family": "train.family", "--ttt-steps": "train.ttt_steps", "--max-steps": "train.max_steps", "--epochs": "train.epochs",
               "--lr": "train.lr", "--draft-vocab-size": "train.draft_vocab_size", "--init-from": "train.init_from"},
     "export": {"--format": "export.format"},
     "enqueue": {"--batch-size": "generation.batch_size", "--url": "target.url", "--model": "target.model",

@@ -56,16 +56,18 @@ def test_progress_line_format():
                     "tok/s 1,234 elapsed 0:01:05 eta 0:01:05")
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resume_is_exact(run_factory, optimizer):
+@pytest.mark.parametrize("optimizer,family", [("adamw", "eagle3"), ("muon", "eagle3"), ("adamw", "peagle")])
+def test_resume_is_exact(run_factory, optimizer, family):
     """Interrupted at step 4 (after its checkpoint) and resumed == never interrupted, with either optimizer (Muon's
-    momentum and AdamW's moments both travel in the checkpoint)."""
-    kw = dict(ttt_steps=2, max_steps=8, save_every=4, log_every=4, eval_every=100, seed=3, optimizer=optimizer)
-    straight = Trainer(run_factory(f"straight-{optimizer}", **kw))
+    momentum and AdamW's moments both travel in the checkpoint) and for P-EAGLE (its ``mask_hidden`` too)."""
+    kw = dict(ttt_steps=2, max_steps=8, save_every=4, log_every=4, eval_every=100, seed=3, optimizer=optimizer,
+              family=family)
+    straight = Trainer(run_factory(f"straight-{optimizer}-{family}", **kw))
     straight.run()
     a = model_state(straight.model)
+    assert ("mask_hidden" in a) == (family == "peagle")
 
-    s = run_factory(f"interrupted-{optimizer}", **kw)
+    s = run_factory(f"interrupted-{optimizer}-{family}", **kw)
     Trainer(s).run(stop_at=5)  # crash after step 5: steps 5.. are lost, step-4 checkpoint remains
     resumed = Trainer(s)
     assert resumed.step == 4 and resumed.position == 4 * 1

@@ -36,6 +36,7 @@ def train_cmd(
     run: str | None = typer.Option(
         None, "--run", help="Run name (reads runs/<run>/data and features; default: the `run` setting, "
         "DRAFTSMITH_RUN). Under torchrun set DRAFTSMITH_RUN instead: torchrun reads --run as its own --run-path."),
+    family: str | None = setting_option("train.family", "--family"),
     ttt_steps: int | None = setting_option("train.ttt_steps", "--ttt-steps"),
     max_steps: int | None = setting_option("train.max_steps", "--max-steps"),
     epochs: int | None = setting_option("train.epochs", "--epochs"),
@@ -45,8 +46,8 @@ def train_cmd(
     no_resume: bool = typer.Option(False, "--no-resume", help="Start over even if checkpoints exist."),
 ) -> None:
     """Train the drafter with training-time test; resumes from the latest checkpoint. Use torchrun for DDP."""
-    s = settings(run=run, train={"ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs, "lr": lr,
-                                 "draft_vocab_size": draft_vocab_size, "init_from": init_from,
+    s = settings(run=run, train={"family": family, "ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs,
+                                 "lr": lr, "draft_vocab_size": draft_vocab_size, "init_from": init_from,
                                  "resume": False if no_resume else None})
     import os
 

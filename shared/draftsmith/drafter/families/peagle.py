@@ -47,7 +47,7 @@ from draftsmith.drafter.objective import TTTObjective
 from draftsmith.drafter.vocab import init_from_target
 from draftsmith.errors import ConfigError, ModelError
 from draftsmith.log import get_logger
-from draftsmith.target.checkpoint import target_checkpoint
+from draftsmith.target.checkpoint import read_target_config, target_checkpoint
 from draftsmith.target.server import eagle3_config
 
 log = get_logger(__name__)
@@ -58,9 +58,12 @@ MASK_HIDDEN_INIT_STD = 0.02  # the scale of the drafter's own weight init; train
 def mask_token_id(target_path: Path | str) -> int:
     """The token of the mask slots: the target's ``unk_token_id`` (a row chat text does not use), else its last id.
 
-    Only its (frozen) embedding row matters: the slot's learned input is ``mask_hidden``."""
-    t = json.loads((Path(target_path) / "config.json").read_text())
-    t = t.get("text_config", t)
+    Only its (frozen) embedding row matters: the slot's learned input is ``mask_hidden``.
+
+    Raises:
+        ModelError: no readable ``config.json`` in ``target_path``.
+    """
+    t = read_target_config(target_path, text=True)
     return int(t["unk_token_id"]) if t.get("unk_token_id") is not None else int(t["vocab_size"]) - 1
 
 
@@ -75,7 +78,7 @@ class PEagleDrafter(Eagle3Drafter):
         if not 0 <= self.mask_token_id < cfg.vocab_size:
             raise ModelError(
                 f"mask token id {mask_token} is outside the target vocabulary of {cfg.vocab_size}",
-                "the target's config.json names an unk_token_id it does not have",
+                "the target's config names an unk_token_id it does not have",
             )
         g = torch.Generator().manual_seed(0)
         n_in = len(cfg.layer_ids) * cfg.target_hidden_size
@@ -173,7 +176,7 @@ class PEagleFamily:
         found = json.loads(cfg.read_text()).get("mask_token_id") if cfg.is_file() else None
         if found is None:
             raise ConfigError(
-                f"train.init_from {folder} is not a P-EAGLE drafter (its config.json has no "
+                f"train.init_from {folder} is not a P-EAGLE drafter (its config has no "
                 "mask_token_id, its weights no mask_hidden)",
                 "fine-tune from a P-EAGLE export, or train P-EAGLE from scratch (drop train.init_from)",
             )
