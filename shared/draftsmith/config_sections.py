@@ -233,6 +233,9 @@ class TrainConfig(Section):
         "eagle3", description="Drafter family: eagle3 (chain drafting), peagle (P-EAGLE: K = ttt_steps tokens from "
         "one drafter pass, served by vLLM with parallel_drafting) or dflash (block diffusion); docs/families.md.")
     ttt_steps: int = Run(7, ge=1, description="Training-time-test unroll depth k.")
+    dflash_anchors: int = Run(
+        64, ge=1, description="train.family=dflash: most blocks drafted per sequence in one training pass (anchor "
+        "positions in the answer; the block size is ttt_steps + 1: the anchor token and ttt_steps masks).")
     ttt_attention: Literal["blockwise", "dense"] = Host(
         "blockwise", description="Attention of TTT steps >= 1: blockwise (online softmax over tiles, memory "
         "linear in the sequence length) or dense (explicit [T, T] scores, the reference; drafter/ttt_attention.py).",

@@ -23,6 +23,7 @@ EAGLE3 = "eagle3"
 SPECULATORS = "speculators"
 LAYOUTS = (EAGLE3, SPECULATORS)
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+DFLASH = "dflash"  # export/dflash/: a DFlash drafter (drafter/dflash_export.py), a family's own layout
 
 
 def check_layout(layout: str) -> str:
@@ -57,11 +58,14 @@ def weights_path(folder: Path) -> Path:
 
 def layout_of(config: dict) -> str | None:
     """The layout an export's config describes: ``speculators`` (``speculators_model_type: eagle3``), ``eagle3``
-    (architecture ``LlamaForCausalLMEagle3`` or an ``eagle_config``), or None for anything else."""
+    (architecture ``LlamaForCausalLMEagle3`` or an ``eagle_config``), ``dflash`` (a ``dflash_config``), or None for
+    anything else."""
     if config.get("speculators_model_type") == EAGLE3:
         return SPECULATORS
     if EAGLE3_ARCHITECTURE in (config.get("architectures") or []) or "eagle_config" in config:
         return EAGLE3
+    if "dflash_config" in config:
+        return DFLASH
     return None
 
 
@@ -92,9 +96,10 @@ def layer_fields(config: dict, layout: str) -> dict:
 
 def aux_layer_ids(config: dict) -> list[int] | None:
     """``eagle_aux_hidden_state_layer_ids`` (vLLM's numbering) where vLLM 0.32 looks for them: top-level first
-    (the speculators layout), then ``eagle_config``; None when neither has them (vLLM then uses its default)."""
+    (the speculators layout), then ``eagle_config``, then a DFlash drafter's ``dflash_config.target_layer_ids`` (read
+    by the same ``get_eagle3_aux_layers_from_config``); None when none has them (vLLM then uses its default)."""
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids")
+        "eagle_aux_hidden_state_layer_ids") or (config.get("dflash_config") or {}).get("target_layer_ids")
     return [int(i) for i in ids] if ids else None
 
 

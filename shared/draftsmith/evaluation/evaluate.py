@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
+from draftsmith.artifacts.export import DFLASH, EAGLE3, SPECULATORS, layout_dir
 from draftsmith.config import Settings
 from draftsmith.drafter.families import get_family
 from draftsmith.errors import ConfigError, EngineError, ModelError
@@ -43,7 +43,7 @@ def target_dir(s: Settings) -> Path:
 
 def drafter_dir(s: Settings, paths: RunPaths) -> Path:
     """The drafter to evaluate: ``eval.drafter`` (either layout, ours or a peer's), else the run's
-    ``export/eagle3`` (which SGLang loads too), else its ``export/speculators``.
+    ``export/eagle3`` (which SGLang loads too), else its ``export/speculators``, else its ``export/dflash``.
 
     Raises:
         ModelError: the folder does not exist.
@@ -51,8 +51,8 @@ def drafter_dir(s: Settings, paths: RunPaths) -> Path:
     if s.eval.drafter:
         path = Path(s.eval.drafter)
     else:
-        path = next((p for p in (layout_dir(paths.export, lay) for lay in (EAGLE3, SPECULATORS)) if p.is_dir()),
-                    layout_dir(paths.export, EAGLE3))
+        found = [layout_dir(paths.export, lay) for lay in (EAGLE3, SPECULATORS)] + [paths.export / DFLASH]
+        path = next((p for p in found if p.is_dir()), layout_dir(paths.export, EAGLE3))
     if not path.is_dir():
         raise ModelError(f"no drafter export at {path}", "run `draftsmith export` first or pass --drafter DIR")
     return path
