@@ -93,8 +93,9 @@ def test_sglang_through_the_stack_measures_the_running_target_by_url(tmp_path, r
             self.wfile.write(out)
 
         def do_GET(self):  # noqa: N802
+            # SGLang answers /health with 200 once its model is loaded; eval waits for it
             out = metrics.encode() if self.path == "/metrics" else b"{}"
-            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_response(200 if self.path in ("/metrics", "/health") else 404)
             self.send_header("Content-Length", str(len(out)))
             self.end_headers()
             self.wfile.write(out)
