@@ -6,6 +6,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.cli.run_record import settle
 from draftsmith.drafter.launch import torchrun_argv
 from draftsmith.errors import DraftsmithError
 from draftsmith.paths import RunPaths
@@ -47,6 +48,7 @@ def train_cmd(
     s = settings(run=run, train={"ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs, "lr": lr,
                                  "draft_vocab_size": draft_vocab_size, "init_from": init_from,
                                  "resume": False if no_resume else None})
+    s = settle(s, "train", lambda m: typer.echo(m, err=True))  # before anything is read or written
     import os
 
     remote = s
@@ -103,6 +105,7 @@ def export_cmd(
 ) -> None:
     """Write runs/<run>/export/<layout>/ for vLLM and SGLang."""
     s = settings(run=run, export={"format": fmt})
+    s = settle(s, "export", lambda m: typer.echo(m, err=True))
 
     # the latest checkpoint comes down, or the one named (a folder name; a local path needs nothing pulled)
     named = (f"checkpoints/{checkpoint}",) if checkpoint and "/" not in checkpoint else ()
