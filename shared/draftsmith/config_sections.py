@@ -132,7 +132,8 @@ class GenerationConfig(Section):
     backoff_s: float = Host(1.0, ge=0, description="First retry delay; doubles per retry (with jitter).")
     job_timeout_s: int = Host(6 * 3600, ge=10, description="rq job timeout, in seconds.")
     job_retries: int = Host(3, ge=0, description="rq Retry count of a failed job.")
-    return_token_ids: bool = Host(True, description="Ask the server for generated token ids (vLLM supports it).")
+    return_token_ids: bool = Host(True, description="Ask the server for generated token ids (vLLM: streamed or not; "
+                                  "SGLang: on unstreamed requests only, so its requests then go unstreamed).")
     min_free_disk_gb: float = Host(1.0, ge=0, description="Refuse to start below this much free disk, in GB.")
     system_prompt: str | None = Run(None, description="System message added to prompts that have none.")
 
