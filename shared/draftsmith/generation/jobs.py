@@ -35,7 +35,7 @@ from draftsmith.jobqueue.hooks import at_pool_start, before_job
 from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
 from draftsmith.jobqueue.queues import get_queue
 from draftsmith.log import get_logger
-from draftsmith.target.defaults import derived_request_timeout_s
+from draftsmith.target.defaults import derived_request_timeout_s, generation_job_timeout_s, retry_budget_s
 
 log = get_logger(__name__)
 
@@ -332,6 +332,11 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
     prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed
     done = done_index(records_dir)
     job = get_current_job()
+    if job is not None and job.timeout and job.timeout < (budget := retry_budget_s(s.generation)):
+        # the enqueuer derived the job's timeout from its own request timeout; this worker's may be longer
+        log.warning("generation job %s: rq timeout %d s is shorter than this worker's retries of one request "
+                    "(%.0f s): set the same generation.request_timeout_s / decode_tok_s on the enqueuing host, or "
+                    "leave job_timeout_s unset there", job_id, job.timeout, budget)
     gone = handed_off(job)  # handed to the tail by an earlier attempt of this job: the tail answers them
     todo = prompts.get([i for i in prompt_ids if i not in done and i not in gone])
     skipped = len(prompt_ids) - len(todo)
@@ -399,7 +404,7 @@ def _move_tail(rc, s: Settings, root: Path, model: str, settings: dict[str, Any]
         q = _queue(rc, s)
         whole = q.count > 0 if whole_batches_only is None else whole_batches_only
         enqueue_tail(q, root, s.redis.prefix, s.generation.batch_size, model, settings, whole,
-                     job_retries=s.generation.job_retries, job_timeout_s=s.generation.job_timeout_s)
+                     job_retries=s.generation.job_retries, job_timeout_s=generation_job_timeout_s(s.generation))
     except redis.RedisError as e:
         log.warning("handed-off prompts not moved to a tail job yet (%s)", e)
 
