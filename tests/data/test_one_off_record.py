@@ -104,3 +104,15 @@ def test_eval_measures_again_with_its_own_new_keys(tmp_path):
         check_stage(
             load_settings(None, {"runs_dir": str(runs), "run": "e", "target": {"model": "m2"}}), "eval"
         )
+
+
+def test_a_target_recorded_as_any_pins_nothing(tmp_path):
+    """An enqueue without a model name records target.model None (the only model the server serves): a later stage
+    may name the model."""
+    runs = tmp_path / "runs"
+    (runs / "a").mkdir(parents=True)
+    record(runs / "a", {"target": {"model": None}, "data": {"max_length": 128}}, ("target", "data"))
+    s, taken = check_stage(
+        load_settings(None, {"runs_dir": str(runs), "run": "a", "target": {"model": SMOL}}), "train"
+    )
+    assert s.target.model == SMOL and s.data.max_length == 128 and taken == ["data.max_length=128"]

@@ -28,6 +28,7 @@ from draftsmith.artifacts.checkpoints import FOLDER_GLOB, LATEST_FILE, STATE_FIL
 from draftsmith.artifacts.location import run_location
 from draftsmith.artifacts.run_settings import RUN_SETTINGS_FILE, read_record, record, record_path
 from draftsmith.config import Settings, run_settings, with_run_settings
+from draftsmith.config_kinds import key_kind
 from draftsmith.errors import RunSettingsMismatch
 
 
@@ -51,6 +52,11 @@ STAGES: dict[str, StageKeys] = {
 
 # how long to train, not how: raised on a resume, the training goes on (its schedule stretched to the new length)
 LENGTH_KEYS = frozenset({"train.max_steps", "train.epochs"})
+
+
+# keys whose None means "whatever the server has" (target.model: the only model it serves): recorded so, they pin
+# nothing, and a later stage may name the model
+ANY_WHEN_NONE = frozenset({"target.model"})
 
 
 def run_root(s: Settings) -> Any:
@@ -99,9 +105,16 @@ def check_stage(s: Settings, stage: str) -> tuple[Settings, list[str]]:
     taken: dict[str, dict[str, Any]] = {}
     differ: list[tuple[str, str, Any, Any]] = []  # (section, key, this command's value, recorded value)
     for name in keys.reads + keys.owns:
-        explicit = getattr(s, name).model_fields_set
+        section = getattr(s, name)
         for key, value in (doc["sections"].get(name) or {}).items():
-            if key not in explicit:
+            model = type(section)
+            if (
+                key not in model.model_fields
+                or key_kind(model, key) != "run"
+                or (value is None and f"{name}.{key}" in ANY_WHEN_NONE)
+            ):
+                continue  # a key this draftsmith no longer has, or not as a run key; a recorded "any"
+            if key not in section.model_fields_set:
                 taken.setdefault(name, {})[key] = value
             elif mine.get(name, {}).get(key) != value:
                 differ.append((name, key, mine[name].get(key), value))
