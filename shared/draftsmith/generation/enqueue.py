@@ -28,6 +28,7 @@ from draftsmith.jobqueue.liveness import ALIVE, JobState, census, requeue_orphan
 from draftsmith.jobqueue.queues import fetch_job
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
+from draftsmith.target.defaults import generation_job_timeout_s, job_timeout_warning
 
 log = get_logger(__name__)
 
@@ -143,11 +144,7 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     """
     from draftsmith.config import adopt_recorded
     from draftsmith.jobqueue.queues import connect, get_queue
-    from draftsmith.target.defaults import (
-        apply_generation_defaults,
-        job_timeout_warning,
-        target_folder_or_none,
-    )
+    from draftsmith.target.defaults import apply_generation_defaults, target_folder_or_none
     from draftsmith.target.server import resolve_model
 
     paths = RunPaths(s.runs_dir, s.run)
@@ -266,7 +263,6 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
     its job), then the tail jobs whose prompts no job answers any more; their ids go to ``report.jobs``."""
     from draftsmith.artifacts.run_settings import record
     from draftsmith.generation.tail import enqueue_tail
-    from draftsmith.target.defaults import generation_job_timeout_s
 
     settings_json = job_settings(s)
     if changed := record(paths.root, settings_json, RUN_SECTIONS):
