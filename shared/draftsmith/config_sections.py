@@ -130,9 +130,13 @@ class GenerationConfig(Section):
     connect_timeout_s: float = Host(10.0, gt=0, description="Client connect timeout, in seconds.")
     max_retries: int = Host(5, ge=0, description="Retries of one request on resets, timeouts, 5xx and 429.")
     backoff_s: float = Host(1.0, ge=0, description="First retry delay; doubles per retry (with jitter).")
-    job_timeout_s: int = Host(6 * 3600, ge=10, description="rq job timeout, in seconds.")
+    job_timeout_s: int | None = Host(None, ge=10, description=(
+        "rq timeout of a generation job, in seconds; None derives it from one request's retries (max_retries + 1 "
+        "attempts of request_timeout_s, with back-off) plus 600 s, never under 6 h: 32,768-token answers get "
+        "39,968 s. A value shorter than the retries is said at enqueue."))
     job_retries: int = Host(3, ge=0, description="rq Retry count of a failed job.")
-    return_token_ids: bool = Host(True, description="Ask the server for generated token ids (vLLM supports it).")
+    return_token_ids: bool = Host(True, description="Ask the server for generated token ids (vLLM: streamed or not; "
+                                  "SGLang: on unstreamed requests only, so its requests then go unstreamed).")
     min_free_disk_gb: float = Host(1.0, ge=0, description="Refuse to start below this much free disk, in GB.")
     system_prompt: str | None = Run(None, description="System message added to prompts that have none.")
 

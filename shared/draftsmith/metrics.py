@@ -271,8 +271,11 @@ class LiveAwareCollector:
 EXTRACT_SAMPLES = Counter(f"{NS}_extract_samples", "Samples whose features were written.", ["run"])
 EXTRACT_TOKENS = Counter(f"{NS}_extract_tokens", "Tokens whose features were written.", ["run"])
 EXTRACT_BYTES = Counter(f"{NS}_extract_bytes_written", "Bytes of feature shards written.", ["run"])
+# a label, as every metric here: a label-less metric makes its value when this module is imported, before the worker
+# pool points prometheus_client at its multiprocess folder, and so never reached the pool's /metrics
 EXTRACT_TARGET_LOADS = Counter(
-    f"{NS}_extract_target_loads", "Times an extraction worker loaded the target (once per worker is right).")
+    f"{NS}_extract_target_loads", "Times an extraction worker loaded the target (once per worker is right).",
+    ["backend"])
 EXTRACT_TARGET_HELD = Gauge(
     f"{NS}_extract_target_held", "Extraction workers holding the target loaded (its GPUs taken); 0 once their queue "
     "has been empty for extract.release_idle_s.", ["backend"], multiprocess_mode="livesum",

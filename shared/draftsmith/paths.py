@@ -4,7 +4,7 @@
 
     runs/<run>/
       config.yaml        resolved config of the last command that wrote to the run
-      run-settings.json  the run keys each queued stage enqueued with (artifacts/run_settings.py)
+      run-settings.json  the run keys each stage ran with (artifacts/run_settings.py, cli/run_record.py)
       prompts.jsonl      unique prompts extracted by ``enqueue`` (id, messages, source row)
       self_prompts.jsonl user requests written by the target itself (``self-prompts``, Magpie)
       records/           generation shards: <job>.jsonl + <job>.meta.json, manifest.json

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from draftsmith.artifacts.location import run_location
 from draftsmith.artifacts.storage import free_gb as disk_free_gb
@@ -77,8 +78,9 @@ class Verdict:
         return f"{self.reason} -> {self.fix}"
 
 
-def _last_error_line(job) -> str:
-    """The last line of a failed job's traceback (``OSError: [Errno 28] No space left on device``)."""
+def _last_error_line(job, limit: int = 200) -> str:
+    """The last line of a failed job's traceback (``OSError: [Errno 28] No space left on device``), at most
+    ``limit`` characters."""
     text = ""
     try:
         res = job.latest_result()
@@ -87,7 +89,7 @@ def _last_error_line(job) -> str:
         text = ""
     text = text or (getattr(job, "exc_info", None) or "")
     lines = [x.strip() for x in str(text).strip().splitlines() if x.strip()]
-    return (lines[-1] if lines else "unknown error")[:200]
+    return (lines[-1] if lines else "unknown error")[:limit]
 
 
 def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
@@ -127,6 +129,47 @@ def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
                 out.reasons[_last_error_line(job)] += 1
     out.unassigned = len(missing)
     return out
+
+
+def extraction_failures(client, prefix: str, run_root: Any) -> list[tuple[int, str]]:
+    """The run's extraction jobs that failed for good (rq's failed registry of ``<prefix>:extract``: a job refused
+    for its run settings, :class:`~draftsmith.errors.RunSettingsMismatch`, or one out of retries), as
+    ``[(shard, last error line)]`` by shard. A shard enqueued again has a new job, so a listed one is still undone.
+
+    Raises:
+        redis.RedisError: Redis stopped answering while reading.
+    """
+    from draftsmith.artifacts.location import run_key
+    from draftsmith.jobqueue.liveness import JobState, census
+    from draftsmith.jobqueue.queues import get_queue
+
+    want = run_key(run_root)
+
+    def of_run(job) -> bool:
+        args = job.args or ()
+        return bool(args) and run_key(args[0]) == want
+
+    jobs = census(get_queue(client, prefix, "extract"), keep=of_run)
+    # the whole line: a refusal names every disagreeing key with both values, and the fix
+    return sorted((int(job.args[1]), _last_error_line(job, limit=2000)) for job in jobs.of(JobState.FAILED))
+
+
+def extraction_line(client, prefix: str, run_root: Any, run: str) -> str | None:
+    """``draftsmith status``'s line for the run's extraction jobs that failed for good (:func:`extraction_failures`),
+    the reason of the last one and what to do; None when there are none.
+
+    Raises:
+        redis.RedisError: Redis stopped answering while reading.
+    """
+    failed = extraction_failures(client, prefix, run_root)
+    if not failed:
+        return None
+    shards = ", ".join(str(i) for i, _ in failed[:8]) + (" ..." if len(failed) > 8 else "")
+    reasons = Counter(reason for _, reason in failed)
+    reason, n = reasons.most_common(1)[0]
+    more = f" ({n} of them; {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""
+    return (f"extraction queue: {len(failed)} job(s) failed for good, shard(s) {shards}: {reason}{more} "
+            f"| they stay in rq's failed registry; `draftsmith extract --run {run}` enqueues their shards again")
 
 
 def diagnose(snap, health: QueueHealth | None, progress: dict[str, str], run_root: Path, run: str,

@@ -97,6 +97,14 @@ def collect_status(s: Settings) -> RunStatus:
         out.lines.append(f"{st['stage']}: [{phase}] {snapshot_line(st)} (updated {age:.0f} s ago)")
         if phase not in ("done", "failed", "skipped"):
             out.finished = False
+    if client is not None:
+        from draftsmith.run_health import extraction_line
+
+        try:
+            if (line := extraction_line(client, s.redis.prefix, paths.root, s.run)) is not None:
+                out.lines.append(line)
+        except redis.RedisError as e:  # Redis went away meanwhile: the snapshots above still say what they know
+            out.lines.append(f"extraction queue: not read, Redis stopped answering ({e})")
     out.lines.extend(made_by(paths))
     return out
 

@@ -86,6 +86,17 @@ def test_a_job_whose_run_settings_disagree_is_refused_and_finished_shards_stay(t
     assert "extract.layers: job [1, 14, 26], run [2, 15, 27]" in err and "draftsmith extract" in err
     assert "loading target" not in out  # refused before the target is touched
     assert {f.name: f.read_bytes() for f in (run_dir / "features").iterdir()} == done  # shard 0 stays as it was
+    # `draftsmith status` shows the refused job, its reason with both values, and what to do
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSMITH_")}
+    env.update(DRAFTSMITH_RUNS_DIR=str(run_dir.parent), DRAFTSMITH_REDIS__URL=a.redis.url,
+               DRAFTSMITH_REDIS__PREFIX=a.redis.prefix)
+    st = subprocess.run([sys.executable, "-m", "draftsmith", "status", "--run", "t"], env=env, capture_output=True,
+                        text=True, timeout=120)
+    assert st.returncode == 0, st.stderr[-2000:]
+    (line,) = [x for x in st.stdout.splitlines() if x.startswith("extraction queue:")]
+    assert line.startswith("extraction queue: 1 job(s) failed for good, shard(s) 1: ")
+    assert "RunSettingsMismatch" in line and "extract.layers: job [1, 14, 26], run [2, 15, 27]" in line
+    assert "`draftsmith extract --run t` enqueues their shards again" in line
 
 
 @pytest.mark.slow

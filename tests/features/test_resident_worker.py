@@ -140,6 +140,7 @@ def test_an_idle_extraction_worker_frees_the_target_and_loads_it_for_the_next_jo
         enqueue_shards(s, str(run_dir), [0])
         _wait_for(lambda: _done(run_dir) == 1, 300, "shard 0", log)
         assert _scrape(port, held) == 1  # loaded, within the 3 s
+        assert _scrape(port, "draftsmith_extract_target_loads_total") == 1  # counted in the worker, seen by the pool
         _wait_for(lambda: "released target" in log.read_text(), 60, "the release", log)
         assert _scrape(port, held) == 0
         assert _probe(port) == "0.0"  # what `make train` reads inside the extractor container
@@ -149,6 +150,7 @@ def test_an_idle_extraction_worker_frees_the_target_and_loads_it_for_the_next_jo
         _wait_for(lambda: _done(run_dir) == 2, 300, "shard 1", log)
         assert log.read_text().count("loading target") == 2  # loaded again for the next job
         assert _scrape(port, held) == 1 and _probe(port) == "1.0"
+        assert _scrape(port, "draftsmith_extract_target_loads_total") == 2
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=60)

@@ -5,8 +5,9 @@ A queued stage records the sections its jobs use when it enqueues them (generati
 extraction: ``extract``), and each worker compares the run settings its job carries with the record before it does
 any work (:func:`check_job`): a job left from an enqueue with other settings, or enqueued against this run from a
 checkout configured for another, fails with both values and the fix, and nothing the run finished is touched.
-The host's part (backend, device, GPUs, URLs, paths) is never recorded here: it belongs to whichever service runs
-the job.
+The one-off stages (``build-data``, ``train``, ``export``, ``eval``) check and record their sections too
+(:mod:`draftsmith.cli.run_record`). The host's part (backend, device, GPUs, URLs, paths) is never recorded here: it
+belongs to whichever service runs the job.
 
 Layout::
 

@@ -11,6 +11,7 @@ from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.artifacts.vocab import read_meta
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.cli.run_record import check_stage, record_stage, run_root, say_changes
 from draftsmith.config import settings_to_yaml
 from draftsmith.data.build import build_data
 from draftsmith.data.vocab import write_draft_vocab
@@ -39,12 +40,18 @@ def build_data_cmd(
 ) -> None:
     """Render records with the target's chat template, mask, validate token-exactly, pack samples, build d2t/t2d."""
     s = settings(run=run, data={"max_length": max_length, "draft_vocab_size": draft_vocab_size})
+    s, taken = check_stage(s, "build-data")  # before anything is read or written
+    if taken:
+        typer.echo(f"continuing with the run's recorded {', '.join(taken)} (set them to change the run)", err=True)
+    root = run_root(s)
     with staged(s, (), () if check else ("data", "config.yaml", "status"), fetch=pull_records) as s:
         paths = RunPaths(s.runs_dir, s.run)
         keep(f"the records in {paths.records}; the training data is built again from them")
         tok_path = _tokenizer_path(s)
         for line in apply_data_defaults(s, tok_path):
             typer.echo(f"Default {line}")
+        if not check:  # what the data is built with, its profile defaults included
+            say_changes(record_stage(s, "build-data", root), lambda m: typer.echo(m, err=True))
         expected = s.target.model or tok_path.name
         res = build_data(paths.records, paths.data, tok_path, s.data, expected, check_only=check,
                          config_dump=s.model_dump(mode="json"), trust_remote_code=s.target.trust_remote_code)

@@ -8,6 +8,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.cli.run_record import settle
 from draftsmith.evaluation.checks import check_drafter_fits, check_engine_reads_layout
 from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
@@ -44,6 +45,7 @@ def eval_cmd(
           "max_tokens": max_tokens, "sets": [x.strip() for x in sets.split(",") if x.strip()] if sets else None,
           "baseline": False if no_baseline else None}
     s = settings(run=run, eval=ev)
+    s = settle(s, "eval", lambda m: typer.echo(m, err=True), write=not print_sglang_command)
     with staged(s, ("export", "data"), ("eval",)) as s:
         if print_sglang_command:
             import shlex

@@ -8,6 +8,7 @@ from draftsmith.artifacts.data import vocab_dir
 from draftsmith.artifacts.vocab import mapping_files
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.cli.run_record import settle
 from draftsmith.drafter.families import family_of_state, get_family
 from draftsmith.drafter.launch import torchrun_argv
 from draftsmith.errors import DraftsmithError
@@ -72,6 +73,7 @@ def train_cmd(
     s = settings(run=run, train={"family": family, "ttt_steps": ttt_steps, "max_steps": max_steps, "epochs": epochs,
                                  "lr": lr, "draft_vocab_size": draft_vocab_size, "init_from": init_from,
                                  "resume": False if no_resume else None})
+    s = settle(s, "train", lambda m: typer.echo(m, err=True))  # before anything is read or written
     import os
 
     remote = s
@@ -128,6 +130,7 @@ def export_cmd(
 ) -> None:
     """Write runs/<run>/export/<layout>/ for vLLM and SGLang, in the layouts of the checkpoint's drafter family."""
     s = settings(run=run, export={"format": fmt})
+    s = settle(s, "export", lambda m: typer.echo(m, err=True))
 
     # the latest checkpoint comes down, or the one named (a folder name; a local path needs nothing pulled)
     named = (f"checkpoints/{checkpoint}",) if checkpoint and "/" not in checkpoint else ()

@@ -105,7 +105,7 @@ def get_extractor(plan: ExtractPlan, settings) -> Any:
                 Path(plan.target_dir), plan.layer_ids, x.device, plan.compute_dtype, x.batch_tokens,
                 settings.target.trust_remote_code,
             )
-        M.EXTRACT_TARGET_LOADS.inc()
+        M.EXTRACT_TARGET_LOADS.labels(plan.backend).inc()
         M.EXTRACT_TARGET_HELD.labels(plan.backend).set(1)
     return _EXTRACTORS[key]
 

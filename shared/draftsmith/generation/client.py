@@ -162,6 +162,27 @@ def merge_stream_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @functools.cache
+def token_id_request(engine: str | None, stream: bool, return_token_ids: bool) -> tuple[bool, dict[str, Any]]:
+    """Whether to stream, and the request fields that ask ``engine`` (:func:`draftsmith.target.server.served_engine`)
+    for the generated token ids (``return_token_ids``: False asks for none).
+
+    vLLM answers ``return_token_ids: true`` streamed and whole: ``choices[i].token_ids`` (each chunk's ids when
+    streamed), the prompt's as ``prompt_token_ids``. SGLang answers the same field with the same names
+    (``choices[i].token_ids``, raw generated ids before its reasoning and tool-call parsers;
+    ``choices[i].prompt_token_ids``), on unstreamed chat requests only: it refuses the field with ``stream: true``
+    (sgl-project/sglang PR 30917, "Add return_token_ids support to completions and chat completions APIs").
+    So for SGLang the ids cost the stream (the hand-off then counts from the request's start).
+
+    Returns:
+        ``(stream, extra_body)``: ``extra_body`` goes into every chat request.
+    """
+    if not return_token_ids:
+        return stream, {}
+    # the text must decode from the ids: no space around special tokens (a vLLM field SGLang's sampling knows too)
+    extra: dict[str, Any] = {"return_token_ids": True, "spaces_between_special_tokens": False}
+    return (False if engine == "sglang" else stream), extra
+
+
 def tls_context() -> ssl.SSLContext:
     """The TLS context of every client of this process, built once (loading the CA bundle costs ~0.1-0.2 s, and a
     work-horse forked after the pool built it inherits it)."""
@@ -206,15 +227,17 @@ class ChatClient:
         on_error: called with every :class:`ChatError` (retried ones too), for counting.
         stream: stream each answer (server-sent events), so the client sees its first token: ``chat``'s
             ``on_first_token`` runs then. The request timeout bounds the whole stream.
+        extra_body: fields sent with every request (the token-id request of :func:`token_id_request`).
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, request_timeout_s: float = 3600,
                  connect_timeout_s: float = 10, max_retries: int = 5, backoff_s: float = 1.0,
                  on_error: Callable[[ChatError], None] | None = None, max_connections: int = 256,
-                 stream: bool = False) -> None:
+                 stream: bool = False, extra_body: dict[str, Any] | None = None) -> None:
         self.url = f"{base_url.rstrip('/')}/v1/chat/completions"
         self.model = model
         self.stream = stream
+        self.extra_body = dict(extra_body or {})
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -246,7 +269,7 @@ class ChatClient:
         Raises:
             ChatError: a permanent error, or a transient one after ``max_retries`` retries.
         """
-        body = {"model": self.model, "messages": messages, **sampling}
+        body = {"model": self.model, "messages": messages, **self.extra_body, **sampling}
         if self.stream:
             body.update(stream=True, stream_options={"include_usage": True})
         attempt = 0

@@ -28,6 +28,7 @@ from draftsmith.jobqueue.liveness import ALIVE, JobState, census, requeue_orphan
 from draftsmith.jobqueue.queues import fetch_job
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
+from draftsmith.target.defaults import generation_job_timeout_s, job_timeout_warning
 
 log = get_logger(__name__)
 
@@ -157,6 +158,8 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     report = EnqueueReport()
     for line in apply_generation_defaults(s, target_folder_or_none(s)):  # the jobs carry the run keys taken
         say(f"Default {line}")
+    if warning := job_timeout_warning(s.generation):
+        say(f"Warning: {warning}")
     existing = load_prompts(paths.prompts)
     client = board = None
     if not dry_run:
@@ -268,6 +271,7 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
     # rq's Retry refuses max=0: no retry object at all means "fail for good on the first failure"
     n_retries = s.generation.job_retries
     retry = Retry(max=n_retries, interval=[5, 30, 120][:n_retries]) if n_retries > 0 else None
+    job_timeout = generation_job_timeout_s(s.generation)  # never shorter than one request's retries, unless set
     for start in range(0, len(pending), batch_size):
         ids = pending[start : start + batch_size]
         jid = job_id_for(paths.root, ids)
@@ -277,7 +281,7 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
                 continue
             old.delete()  # finished, failed for good, or gone with its worker: its pending prompts run again
         queue.enqueue(
-            JOB_FUNC, job_id=jid, retry=retry, job_timeout=s.generation.job_timeout_s, result_ttl=RESULT_TTL_S,
+            JOB_FUNC, job_id=jid, retry=retry, job_timeout=job_timeout, result_ttl=RESULT_TTL_S,
             failure_ttl=30 * 86400, description=f"generate {len(ids)} prompts for {paths.run}",
             kwargs={"run_root": run_key(paths.root), "job_id": jid, "prompt_ids": ids, "model": model,
                     "settings": settings_json},
@@ -285,4 +289,4 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
         report.jobs.append(jid)
     # handed-off prompts whose tail job was never enqueued (the jobs that would have ended are gone)
     report.jobs += enqueue_tail(queue, paths.root, s.redis.prefix, batch_size, model, settings_json, False,
-                                job_retries=n_retries, job_timeout_s=s.generation.job_timeout_s)
+                                job_retries=n_retries, job_timeout_s=job_timeout)

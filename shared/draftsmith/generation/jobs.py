@@ -25,7 +25,7 @@ from draftsmith.artifacts.records import RECORD_SCHEMA
 from draftsmith.artifacts.run_settings import check_job
 from draftsmith.config import Settings, run_settings, secret_value, settings_for_job
 from draftsmith.errors import DiskSpaceError, TransientFailures
-from draftsmith.generation.client import ChatClient, ChatError, warm_http
+from draftsmith.generation.client import ChatClient, ChatError, token_id_request, warm_http
 from draftsmith.generation.job_ids import RUN_SECTIONS
 from draftsmith.generation.progress import ProgressBoard, ProgressTally
 from draftsmith.generation.runcache import done_index, prompt_index, warm
@@ -35,7 +35,7 @@ from draftsmith.jobqueue.hooks import at_pool_start, before_job
 from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
 from draftsmith.jobqueue.queues import get_queue
 from draftsmith.log import get_logger
-from draftsmith.target.defaults import derived_request_timeout_s
+from draftsmith.target.defaults import derived_request_timeout_s, generation_job_timeout_s, retry_budget_s
 
 log = get_logger(__name__)
 
@@ -118,11 +118,6 @@ async def _turns(prompt: dict[str, Any], client: ChatClient, board: ProgressTall
     from draftsmith import metrics as M
 
     sampling = sampling_params(s)
-    # the text must be what the token ids decode to: with a reasoning parser vLLM keeps special tokens in the text
-    # (the parser reads them), and a slow (Python) tokenizer such as Kimi's tiktoken one then gets a space on each
-    # side of every special token (spaces_between_special_tokens, on by default), which no template renders
-    body_extra = {"return_token_ids": True, "spaces_between_special_tokens": False} \
-        if s.generation.return_token_ids else {}
     messages: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
 
@@ -133,7 +128,7 @@ async def _turns(prompt: dict[str, Any], client: ChatClient, board: ProgressTall
         # the conversation so far, without reasoning (servers drop it from history)
         history = [{"role": m["role"], "content": m["content"]} for m in messages]
         try:
-            res = await client.chat(history, {**sampling, **body_extra}, before, after, first_token)
+            res = await client.chat(history, sampling, before, after, first_token)
         except ChatError as e:
             M.GEN_REQUESTS.labels(run, e.reason).inc()
             if e.transient:
@@ -208,6 +203,22 @@ class ShardWriter:
             await asyncio.to_thread(self.flush)
 
 
+async def _engine(url: str, model: str, api_key: str | None) -> str | None:
+    """The engine serving ``model`` (:func:`draftsmith.target.server.served_engine`), said once in the log when it
+    costs the stream; None when the server cannot be asked (the requests then say why)."""
+    from draftsmith.errors import TargetUnavailable
+    from draftsmith.target.server import served_engine
+
+    try:
+        engine = await asyncio.to_thread(served_engine, url, model, api_key)
+    except TargetUnavailable:
+        return None
+    if engine == "sglang":
+        log.info("target %s is SGLang: requests go unstreamed, the one way SGLang returns the generated token ids",
+                 url)
+    return engine
+
+
 async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model: str, writer: ShardWriter,
                rc, handoff_s: float = 0.0, on_straggler=None) -> int:
     """Answer ``prompts``; each finished record goes to ``writer``, and the id of each prompt whose request outlived
@@ -231,9 +242,10 @@ async def _run(prompts: list[dict[str, Any]], s: Settings, run_root: Path, model
     # the worker's own target wins (a pool next to its server replica); else the URL enqueue checked
     api_key = secret_value(s.target.api_key) or os.environ.get(API_KEY_ENV)
     timeout_s = g.request_timeout_s or derived_request_timeout_s(g.max_tokens, g.decode_tok_s)  # a host key: ours
+    stream, extra_body = token_id_request(await _engine(target_url, model, api_key), g.stream, g.return_token_ids)
     client = ChatClient(target_url, model, api_key=api_key, request_timeout_s=timeout_s,
                         connect_timeout_s=g.connect_timeout_s, max_retries=g.max_retries, backoff_s=g.backoff_s,
-                        on_error=count_error, stream=g.stream)
+                        on_error=count_error, stream=stream, extra_body=extra_body)
     failed = 0
 
     async def one(p: dict[str, Any]) -> None:
@@ -320,6 +332,11 @@ def generate_job(run_root: str, job_id: str, prompt_ids: list[str], model: str, 
     prompts = prompt_index(root / "prompts.jsonl")  # both inherited from the worker, refreshed
     done = done_index(records_dir)
     job = get_current_job()
+    if job is not None and job.timeout and job.timeout < (budget := retry_budget_s(s.generation)):
+        # the enqueuer derived the job's timeout from its own request timeout; this worker's may be longer
+        log.warning("generation job %s: rq timeout %d s is shorter than this worker's retries of one request "
+                    "(%.0f s): set the same generation.request_timeout_s / decode_tok_s on the enqueuing host, or "
+                    "leave job_timeout_s unset there", job_id, job.timeout, budget)
     gone = handed_off(job)  # handed to the tail by an earlier attempt of this job: the tail answers them
     todo = prompts.get([i for i in prompt_ids if i not in done and i not in gone])
     skipped = len(prompt_ids) - len(todo)
@@ -387,7 +404,7 @@ def _move_tail(rc, s: Settings, root: Path, model: str, settings: dict[str, Any]
         q = _queue(rc, s)
         whole = q.count > 0 if whole_batches_only is None else whole_batches_only
         enqueue_tail(q, root, s.redis.prefix, s.generation.batch_size, model, settings, whole,
-                     job_retries=s.generation.job_retries, job_timeout_s=s.generation.job_timeout_s)
+                     job_retries=s.generation.job_retries, job_timeout_s=generation_job_timeout_s(s.generation))
     except redis.RedisError as e:
         log.warning("handed-off prompts not moved to a tail job yet (%s)", e)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from draftsmith.artifacts.data import STATS_FILE
 from draftsmith.log import get_logger
@@ -34,6 +34,8 @@ SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 THINK_MARKER = "<think>"  # Qwen3, DeepSeek-R1/V3.1, Kimi-K2-Thinking and Kimi-K2.5 templates all write it
 TIMEOUT_FLOOR_S = 3600.0  # the timeout of short answers: a queue wait at full concurrency fits in it
 TIMEOUT_MARGIN = 2.0  # over max_tokens at the assumed slowest rate
+JOB_TIMEOUT_FLOOR_S = 6 * 3600  # a generation job's rq timeout at least (its batch of short answers fits in it)
+JOB_TIMEOUT_MARGIN_S = 600.0  # over one request's retries: the job's own work (records, shard writes)
 
 
 def recommended_sampling(folder: Path | str) -> dict[str, float | int]:
@@ -94,6 +96,42 @@ def derived_request_timeout_s(max_tokens: int, decode_tok_s: float) -> float:
     """Seconds one request may take: ``max_tokens`` at ``decode_tok_s`` tokens/s times :data:`TIMEOUT_MARGIN`,
     never under :data:`TIMEOUT_FLOOR_S` (32,768 tokens at 10 tok/s: 6,554 s)."""
     return max(TIMEOUT_FLOOR_S, TIMEOUT_MARGIN * max_tokens / decode_tok_s)
+
+
+def retry_budget_s(g: Any) -> float:
+    """Seconds every attempt of one request may take: ``max_retries + 1`` attempts of the request timeout
+    (``g.request_timeout_s``, else :func:`derived_request_timeout_s`) plus the back-off between them at its longest
+    (``backoff_s`` doubling per retry, with +50 % jitter: the client's, :class:`draftsmith.generation.client.ChatClient`).
+
+    Args:
+        g: a :class:`draftsmith.config.GenerationConfig`.
+    """
+    request_s = g.request_timeout_s or derived_request_timeout_s(g.max_tokens, g.decode_tok_s)
+    backoff = sum(1.5 * g.backoff_s * 2**i for i in range(g.max_retries))
+    return (g.max_retries + 1) * request_s + backoff
+
+
+def generation_job_timeout_s(g: Any) -> int:
+    """The rq timeout of a generation job, in seconds: ``g.job_timeout_s`` when set, else the retries of one
+    request (:func:`retry_budget_s`) and a :data:`JOB_TIMEOUT_MARGIN_S` for the job's own work, never under
+    :data:`JOB_TIMEOUT_FLOOR_S` (6 h). Derived, a job is never killed while a request is still being retried:
+    32,768-token answers at 10 tok/s take 6 attempts of 6,554 s and their back-off, 39,368 s; the job gets 39,968 s."""
+    if g.job_timeout_s is not None:
+        return int(g.job_timeout_s)
+    return int(max(JOB_TIMEOUT_FLOOR_S, retry_budget_s(g) + JOB_TIMEOUT_MARGIN_S))
+
+
+def job_timeout_warning(g: Any) -> str | None:
+    """One line when a set ``g.job_timeout_s`` is shorter than one request's retries (:func:`retry_budget_s`): rq
+    would kill the job while a request is still being retried (its finished answers are kept, the rest run again).
+    None when it covers them or is derived."""
+    budget = retry_budget_s(g)
+    if g.job_timeout_s is None or g.job_timeout_s >= budget:
+        return None
+    request_s = g.request_timeout_s or derived_request_timeout_s(g.max_tokens, g.decode_tok_s)
+    return (f"generation.job_timeout_s={g.job_timeout_s} s is shorter than the retries of one request "
+            f"({g.max_retries + 1} attempts of {request_s:,.0f} s and their back-off: {budget:,.0f} s): rq kills "
+            "a job whose request is still retried; leave it unset to derive it")
 
 
 def apply_generation_defaults(s: Settings, folder: Path | str | None) -> list[str]:

@@ -385,6 +385,25 @@ def served_models(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
     return [m["id"] for m in models_served(url, api_key, timeout_s)]
 
 
+# what each engine writes into its /v1/models entries' `owned_by` (vllm/entrypoints/openai protocol.py
+# `owned_by: str = "vllm"`; sglang/srt/entrypoints/openai/protocol.py `owned_by: str = "sglang"`): the one field that
+# tells the two apart, both answering the same OpenAI chat API on the same default port
+ENGINES_BY_OWNER = {"vllm": "vllm", "sglang": "sglang"}
+
+
+def served_engine(url: str, model: str, api_key: str | None = None, timeout_s: float = 5.0) -> str | None:
+    """The engine serving ``model`` at ``url`` (``"vllm"`` or ``"sglang"``), as its ``GET /v1/models`` entry says
+    (``owned_by``, :data:`ENGINES_BY_OWNER`); None for another server, or one that does not say.
+
+    Raises:
+        TargetAuthError / TargetUnavailable: as :func:`models_served`.
+    """
+    for m in models_served(url, api_key, timeout_s):
+        if m.get("id") == model:
+            return ENGINES_BY_OWNER.get(str(m.get("owned_by", "")))
+    return None
+
+
 def served_context(url: str, model: str, api_key: str | None = None, timeout_s: float = 5.0) -> int | None:
     """The context length (prompt + answer, in tokens) the server accepts for ``model``: ``max_model_len`` of its
     ``GET /v1/models`` entry (vLLM and SGLang both report it), or None when the server does not say.
