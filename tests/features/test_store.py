@@ -170,3 +170,23 @@ def test_bad_input_exits_2_and_writes_nothing(case, data_run, embedded_target):
     assert len(p.stderr.strip().splitlines()) <= 3  # one error line, no traceback
     assert "Traceback" not in p.stderr
     assert not (data_run / "features").exists()
+
+
+def test_an_unchanged_manifest_is_not_written_again(tmp_path):
+    """`extract` rebuilds the manifest before it looks for work; with nothing to do the run's files must stay as they
+    were (the stack test's down/up check caught a rewrite), while a changed manifest is written."""
+    from draftsmith.artifacts import features
+
+    d = tmp_path / "features"
+    d.mkdir()
+    m = {"schema": features.FEATURES_SCHEMA, "shards": [], "samples": 0}
+    features.write_manifest(d, m)
+    f = features.manifest_path(d)
+    os.utime(f, ns=(1, 1))
+    features.write_manifest(d, dict(m))
+    assert f.stat().st_mtime_ns == 1
+    features.write_manifest(d, {**m, "samples": 3})
+    assert f.stat().st_mtime_ns != 1 and features.load_manifest(d)["samples"] == 3
+    f.write_text("{torn")
+    features.write_manifest(d, m)
+    assert features.load_manifest(d)["samples"] == 0

@@ -66,11 +66,18 @@ def manifest_path(features_dir: Path) -> Path:
 
 
 def write_manifest(features_dir: Path, manifest: dict[str, Any]) -> None:
-    """Replace ``features/manifest.json`` atomically (indent 1)."""
+    """Replace ``features/manifest.json`` atomically (indent 1); a manifest equal to the stored one is not written
+    again, so that an ``extract`` with nothing to do leaves every file of the run as it was."""
     from draftsmith.artifacts.provenance import stamp
     from draftsmith.artifacts.storage import atomic_write_text
 
-    atomic_write_text(manifest_path(features_dir), json.dumps(stamp(manifest), indent=1))
+    text = json.dumps(stamp(manifest), indent=1)
+    try:
+        if load_manifest(features_dir) == json.loads(text):
+            return
+    except ValueError:  # a torn or foreign file: replaced below
+        pass
+    atomic_write_text(manifest_path(features_dir), text)
 
 
 def load_manifest(features_dir: Path) -> dict[str, Any] | None:
