@@ -257,7 +257,7 @@ def test_extract_sync(sig, env, reference_run):
     root = _copy_run(reference_run, env, run)
     shutil.rmtree(root / "features")
     cmd = Command(["--log-level", "DEBUG", "extract", "--run", run, "--sync", "--backend", "hf"], env)
-    cmd.wait_for(f"extract {run}: backend hf")
+    cmd.wait_for(f"/{run}: backend hf")  # the plan line names the run's folder and the backend
     time.sleep(1.0)  # the target is loading or extracting
     code, kids = cmd.stop(sig)
     assert_stopped(cmd, sig, False, kids, code, kept=f"the finished feature shards in {root / 'features'}")

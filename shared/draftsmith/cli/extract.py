@@ -57,7 +57,7 @@ def extract_cmd(
         )
     store = feature_store(run_location(s.runs_dir) / s.run, s.stage_dir)
     where = mask_url(store.key)
-    keep(f"the finished feature shards in {where}")
+    keep(f"the finished feature shards in {where}/features")
     plan, pending = plan_pending(s, store, sync)
     paths = RunPaths(Path(plan.run_dir).parent, s.run)
     paths.ensure(paths.features, paths.status)
