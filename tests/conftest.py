@@ -62,7 +62,7 @@ _share_the_cores()
 # takes the one-test stack unit also takes the unit after it at once, and that unit waits for the whole stack test.
 LONGEST_FIRST = ("@stack", "@vllm", "tests/test_secrets.py", "tests/test_kimi_e2e.py", "tests/test_mla_e2e.py",
                  "tests/test_peer_quick.py", "tests/generation/test_multi_host.py",
-                 "tests/drafter/test_e2e_vllm.py", "tests/drafter/test_families.py", "tests/drafter/test_dflash.py",
+                 "tests/drafter/test_e2e_vllm.py", "tests/drafter/test_drafter_families.py", "tests/drafter/test_dflash.py",
                  "tests/drafter/test_ddp.py", "tests/drafter/test_object_store_run.py",
                  "tests/features/test_extract_on_store.py", "tests/generation/test_store_outage.py",
                  "tests/features/test_vllm_tensor_parallel.py",
