@@ -25,10 +25,12 @@ def test_extract_disk_full_mid_run_is_one_line_and_resumable(data_run, embedded_
     runs.mkdir()
     feats = runs / "t" / "features"
     ds = f"{sys.executable} -m draftsmith extract --run t --sync --layers 2,10,20"
+    # the first run is niced: the filler must fill the disk between shard 0's sidecar and shard 1's writes (0.2 s
+    # apart), which it lost on a loaded 2-core machine when the extraction held both cores
     script = f"""
 mount -t tmpfs -o size=64m none {runs} || exit 97
 cp -r {src}/t {runs}/t
-{ds} > {tmp_path}/first.out 2> {tmp_path}/first.err &
+nice -n 19 {ds} > {tmp_path}/first.out 2> {tmp_path}/first.err &
 pid=$!
 i=0; while [ ! -f {feats}/features-00000.json ] && [ $i -lt 6000 ]; do sleep 0.02; i=$((i+1)); done
 head -c 100000000 /dev/zero > {runs}/filler 2>/dev/null
