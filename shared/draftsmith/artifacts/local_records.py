@@ -28,7 +28,9 @@ from draftsmith.artifacts.storage import atomic_write_bytes, atomic_write_text
 _JOURNAL_KEYS = ("shard", "ids", "count", "ok", "sha256", "created_at")
 
 
-def _version(path: Path) -> tuple[int, int, int] | None:
+def file_version(path: Path) -> tuple[int, int, int] | None:
+    """``(device, inode, size)`` of ``path``, None when it does not exist: a file replaced or appended to has
+    another version, so a cache built from it knows to reload."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -66,7 +68,7 @@ class DoneIndex:
 
     def refresh(self) -> None:
         """Read what was appended since the last refresh; reload in full when the journal was replaced."""
-        v = _version(self.path)
+        v = file_version(self.path)
         if v is None:
             self.ids, self._file, self._offset = set(), None, 0
             return

@@ -7,11 +7,10 @@ index, the prompts' offsets) serve every later call.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from draftsmith.artifacts.local_records import LocalRecordStore
+from draftsmith.artifacts.local_records import LocalRecordStore, file_version
 from draftsmith.artifacts.location import (
     Location,
     describe_store_error,
@@ -43,14 +42,6 @@ def record_store(records_dir: Location | str) -> RecordStore:
     return store
 
 
-def _version(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino, st.st_size
-
-
 class PromptIndex:
     """Byte offset of every prompt in a local ``prompts.jsonl``, built once per version of the file (``enqueue``
     replaces it atomically, so a new inode means a new version); a job reads only its own lines."""
@@ -62,7 +53,7 @@ class PromptIndex:
 
     def refresh(self) -> None:
         """Re-index when the file changed (O(prompts), once per version); otherwise nothing."""
-        v = _version(self.path)
+        v = file_version(self.path)
         if v == self._version:
             return
         offsets: dict[str, int] = {}
