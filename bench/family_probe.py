@@ -62,8 +62,8 @@ def mask_token_id(target: Path) -> int:
 def eagle3_drafter(target: Path, out: Path, parallel: bool) -> Path:
     """draftsmith's EAGLE-3 export of a random drafter; with ``parallel`` the P-EAGLE additions (see module doc)."""
     from draftsmith.drafter.config import derive_config
-    from draftsmith.drafter.export import write_export
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.export import write_export
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
     from safetensors.torch import load_file, save_file
 
     torch.manual_seed(0)

@@ -71,7 +71,7 @@ def train_tok_s(target: Path, bf16: bool, batch: int = 4, length: int = 1024) ->
     """Tokens/s of TTT-3 training steps of a drafter with an 8,192-token draft vocabulary."""
     import torch
     from draftsmith.drafter.config import derive_config
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
     from draftsmith.drafter.ttt import target_view, ttt_loss
 
     torch.manual_seed(0)

@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--target", default=str(Path.home() / ".cache/draftsmith/models/SmolLM2-135M-Instruct"))
     a = ap.parse_args()
     from draftsmith.drafter.config import derive_config
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
     from draftsmith.drafter.ttt import target_view, ttt_loss
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -70,7 +70,7 @@ def _hwm_mb() -> float:
 def _setup(shape: str, T: int, seed: int = 0):
     import torch
     from draftsmith.drafter.config import DraftConfig
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 
     s = SHAPES[shape]
     H, N = s["hidden"], s["vocab"]

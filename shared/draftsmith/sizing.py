@@ -85,7 +85,7 @@ def drafter_parameters(cfg) -> tuple[int, int]:
     the embedding is the target's and frozen."""
     import torch
 
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 
     with torch.device("meta"):
         model = Eagle3Drafter(cfg)

@@ -23,10 +23,10 @@ import pytest
 import torch
 from draftsmith.config import load_settings
 from draftsmith.drafter.config import derive_config
-from draftsmith.drafter.dflash_export import export_weights, load_dflash_export, write_dflash_export
-from draftsmith.drafter.dflash_model import DFlashDrafter
-from draftsmith.drafter.dflash_objective import DFlashObjective, block_inputs, pick_anchors
 from draftsmith.drafter.families import get_family, usable_family
+from draftsmith.drafter.families.dflash.export import export_weights, load_dflash_export, write_dflash_export
+from draftsmith.drafter.families.dflash.model import DFlashDrafter
+from draftsmith.drafter.families.dflash.objective import DFlashObjective, block_inputs, pick_anchors
 from draftsmith.drafter.ttt import target_view
 from draftsmith.drafter.vocab import load_target_head
 from draftsmith.errors import ConfigError

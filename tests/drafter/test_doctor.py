@@ -55,7 +55,7 @@ def trained_run(runs: Path, name: str, reference_run: Path, target: Path, train:
     from draftsmith.config import load_settings
     from draftsmith.drafter.checkpoint import list_checkpoints
     from draftsmith.drafter.data import TrainSamples
-    from draftsmith.drafter.export import export_checkpoint
+    from draftsmith.drafter.families.eagle3.export import export_checkpoint
     from draftsmith.drafter.trainer import Trainer
 
     root = runs / name

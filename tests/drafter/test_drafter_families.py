@@ -1,7 +1,7 @@
 """Drafter families (``train.family``): the registry refuses what it cannot train, and P-EAGLE's training inputs
 and loss are what vLLM's parallel drafting computes at serve time.
 
-The serve-time reference is :func:`draftsmith.drafter.families.peagle.serve_logits`: one causal pass over the
+The serve-time reference is :func:`draftsmith.drafter.families.peagle.model.serve_logits`: one causal pass over the
 verified rows followed by K - 1 mask slots (mask token, ``fc(mask_hidden)``, consecutive positions), the layout
 ``copy_and_expand_eagle_inputs`` of vLLM 0.32 builds. Training scores every row as an anchor at once with the
 training-time-test unroll; the two must give the same logits for the same anchor.
@@ -21,7 +21,7 @@ from draftsmith.drafter.families import (
     require_family,
     usable_family,
 )
-from draftsmith.drafter.families.peagle import PEagleDrafter, mask_token_id, serve_logits
+from draftsmith.drafter.families.peagle.model import PEagleDrafter, mask_token_id, serve_logits
 from draftsmith.drafter.ttt import target_view, ttt_loss
 from draftsmith.errors import ConfigError
 
@@ -231,7 +231,7 @@ def test_peagle_trains_exports_and_serves_in_vllm_token_identical(
 def test_eval_reads_a_peagle_export_and_names_the_family(embedded_target, tmp_path):
     """``draftsmith eval``'s checks accept the P-EAGLE export (its extra ``mask_hidden`` included), read its family
     from ``config.json`` and the report says which family was served and how it drafts."""
-    from draftsmith.drafter.export import write_export
+    from draftsmith.drafter.families.eagle3.export import write_export
     from draftsmith.evaluation.checks import check_drafter_fits
     from draftsmith.evaluation.evaluate import run_evaluation
     from draftsmith.evaluation.report import build_report, render_markdown

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 from draftsmith.drafter.checkpoint import list_checkpoints
-from draftsmith.drafter.export import export_checkpoint
+from draftsmith.drafter.families.eagle3.export import export_checkpoint
 
 HELD_OUT = [  # not in the training fixture (GSM8K train + self-instruct seeds)
     "What is the capital of France?",
@@ -90,9 +90,9 @@ def test_vllm_serves_eagle31_norms_as_trained(embedded_target, tmp_path):
     so this proves loading and agreement, not that vLLM applies the two norms: that is read from vLLM's own
     config readers and weight names in tests/drafter/test_eagle31.py."""
     from draftsmith.drafter.config import derive_config
-    from draftsmith.drafter.export import write_export
+    from draftsmith.drafter.families.eagle3.export import write_export
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
     from draftsmith.drafter.load import load_export_model
-    from draftsmith.drafter.model import Eagle3Drafter
     from draftsmith.drafter.offline import estimate_acceptance
     from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
 

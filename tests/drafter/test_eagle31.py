@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 from draftsmith.drafter.config import derive_config
-from draftsmith.drafter.export import write_export
+from draftsmith.drafter.families.eagle3.export import write_export
+from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 from draftsmith.drafter.load import load_export_model
-from draftsmith.drafter.model import Eagle3Drafter
 from draftsmith.errors import ModelError
 from safetensors.torch import load_file
 

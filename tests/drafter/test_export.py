@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from draftsmith.drafter.checkpoint import list_checkpoints
-from draftsmith.drafter.export import export_checkpoint
+from draftsmith.drafter.families.eagle3.export import export_checkpoint
 from draftsmith.drafter.load import load_checkpoint_model, load_export_model, load_pretrained
 from draftsmith.errors import ModelError
 from safetensors.torch import load_file, save_file

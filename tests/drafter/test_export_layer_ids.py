@@ -54,8 +54,8 @@ def test_first_layer_0_is_read_one_layer_too_deep_by_sglang_so_eagle3_refuses_it
 def test_export_writes_each_layout_for_its_engines(first, embedded_target, tmp_path):
     import torch
     from draftsmith.drafter.config import derive_config
-    from draftsmith.drafter.export import write_export
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.export import write_export
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
     from draftsmith.features.layers import sglang_reads
 
     torch.manual_seed(0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from draftsmith.drafter.config import derive_config
+from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 from draftsmith.drafter.flops import forward_flops_per_token, mfu, peak_flops, train_flops_per_token
-from draftsmith.drafter.model import Eagle3Drafter
 
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -12,7 +12,7 @@ import json
 
 import pytest
 from draftsmith.drafter.config import attention_head_dim, derive_config, is_mla
-from draftsmith.drafter.export import eagle3_config, speculators_config
+from draftsmith.drafter.families.eagle3.export import eagle3_config, speculators_config
 
 DEEPSEEK_V3 = {
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from draftsmith.drafter.config import derive_config
-from draftsmith.drafter.model import Eagle3Drafter
+from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 from draftsmith.drafter.ttt import simulated_acceptance_length, target_view, ttt_loss
 
 

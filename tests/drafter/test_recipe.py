@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 from draftsmith.drafter.config import derive_config
-from draftsmith.drafter.model import Eagle3Drafter
-from draftsmith.drafter.objective import TTTObjective, add_feature_noise
+from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
+from draftsmith.drafter.families.eagle3.objective import TTTObjective, add_feature_noise
 from draftsmith.drafter.ttt import target_view, ttt_loss
 
 
@@ -111,7 +111,7 @@ def test_fc_norm_is_exported_and_read_by_vllm(run_factory, embedded_target):
     """The exported configs carry fc_norm, vLLM's own config readers see it, and the weights are where vLLM
     loads them (``fc_norm.<i>.weight``)."""
     from draftsmith.drafter.checkpoint import list_checkpoints
-    from draftsmith.drafter.export import export_checkpoint
+    from draftsmith.drafter.families.eagle3.export import export_checkpoint
     from draftsmith.drafter.load import load_export_model
     from draftsmith.drafter.trainer import Trainer
     from safetensors.torch import load_file
@@ -138,7 +138,7 @@ def test_eagle31_norms_are_trained_and_exported(run_factory, embedded_target):
     """The trainer builds the drafter with norm_before_fc and norm_output, trains input_norm, and both exports
     chain exactly as the checkpoint does (steps 0-2, where norm_output feeds the normed state back)."""
     from draftsmith.drafter.checkpoint import list_checkpoints, read_state
-    from draftsmith.drafter.export import export_checkpoint
+    from draftsmith.drafter.families.eagle3.export import export_checkpoint
     from draftsmith.drafter.load import load_checkpoint_model, load_export_model
     from draftsmith.drafter.trainer import Trainer
 

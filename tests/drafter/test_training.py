@@ -98,7 +98,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(run_factory, monkeypatch)
     # no learning-curve points: their held-out passes call ttt_loss too, and the poison counts training calls
     s = run_factory("nan", ttt_steps=2, max_steps=6, save_every=2, eval_every=100, curve_fractions=[])
     tr = Trainer(s)
-    import draftsmith.drafter.objective as objective_mod
+    import draftsmith.drafter.families.eagle3.objective as objective_mod
 
     real = objective_mod.ttt_loss
     calls = {"n": 0}

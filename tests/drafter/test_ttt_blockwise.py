@@ -17,7 +17,7 @@ import pytest
 import torch
 from draftsmith.drafter import ttt, ttt_attention
 from draftsmith.drafter.config import DraftConfig
-from draftsmith.drafter.model import Eagle3Drafter
+from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 from draftsmith.drafter.ttt import target_view, ttt_loss
 from draftsmith.drafter.ttt_attention import (
     set_ttt_attention,

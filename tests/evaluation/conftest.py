@@ -46,8 +46,8 @@ def export_drafter(embedded_target: Path):
     layout."""
     import torch
     from draftsmith.drafter.config import derive_config
-    from draftsmith.drafter.export import write_export
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.export import write_export
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 
     def make(out: Path, layout: str, **kw) -> Path:
         torch.manual_seed(0)

@@ -56,8 +56,8 @@ def test_parser_rejects_what_sglang_rejects():
 def mla_target_and_drafter(tmp_path_factory):
     """A random-weight tiny MLA target (shapes only) and a random drafter exported for it (EAGLE-3 layout)."""
     from draftsmith.drafter.config import derive_config
-    from draftsmith.drafter.export import write_export
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.export import write_export
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
     from draftsmith.target.tiny_mla import make_tiny_mla
 
     root = tmp_path_factory.mktemp("mla")

@@ -101,7 +101,7 @@ def drafter_fixture(runs: Path, target: Path, out: Path) -> None:
     from draftsmith.config import load_settings
     from draftsmith.data.vocab import write_draft_vocab
     from draftsmith.drafter.checkpoint import list_checkpoints
-    from draftsmith.drafter.export import export_checkpoint
+    from draftsmith.drafter.families.eagle3.export import export_checkpoint
     from draftsmith.drafter.trainer import Trainer
 
     scratch = out.parent / ".fixture-runs"

@@ -2,7 +2,7 @@
 
 Layout folders: ``export/eagle3/`` (EAGLE / SpecForge: SGLang and vLLM) and ``export/speculators/`` (vLLM), each
 holding ``config.json`` and ``model.safetensors`` (Hugging Face's own file names, taken from ``transformers``).
-Which layout a folder holds is read from its config (:func:`layout_of`). Writer: :mod:`draftsmith.drafter.export`;
+Which layout a folder holds is read from its config (:func:`layout_of`). Writer: :mod:`draftsmith.drafter.families.eagle3.export`;
 readers: :mod:`draftsmith.drafter.load` (weights back into a drafter) and :mod:`draftsmith.evaluation.checks`
 (shapes against the target, before any engine starts).
 """
@@ -23,7 +23,7 @@ EAGLE3 = "eagle3"
 SPECULATORS = "speculators"
 LAYOUTS = (EAGLE3, SPECULATORS)
 EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
-DFLASH = "dflash"  # export/dflash/: a DFlash drafter (drafter/dflash_export.py), a family's own layout
+DFLASH = "dflash"  # export/dflash/: a DFlash drafter (drafter/families/dflash/export.py), a family's own layout
 
 
 def check_layout(layout: str) -> str:
@@ -120,7 +120,7 @@ def norm_flags(config: dict, layout: str) -> dict[str, bool]:
 
 
 def internal_name(key: str) -> str:
-    """A drafter weight's name in :class:`~draftsmith.drafter.model.Eagle3Drafter`: a ``model.`` prefix dropped and
+    """A drafter weight's name in :class:`~draftsmith.drafter.families.eagle3.model.Eagle3Drafter`: a ``model.`` prefix dropped and
     the eagle3 layout's ``midlayer.`` read as ``layers.0.`` (vLLM's mapping)."""
     key = key.removeprefix("model.")
     return "layers.0." + key[len("midlayer."):] if key.startswith("midlayer.") else key

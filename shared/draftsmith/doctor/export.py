@@ -37,7 +37,7 @@ COST_MAX_POSITIONS = 0.5  # SpecForge #249: a smaller limit silently killed acce
 COST_NEAR_KEY = 0.3  # a key one typo from one the engine reads: the intended setting is lost
 COST_UNKNOWN_KEY = 0.02  # read by no engine; harmless unless it was meant to change something
 
-# Top-level keys the two layouts carry beyond a Llama config (drafter/export.py writes them; vLLM and SGLang read
+# Top-level keys the two layouts carry beyond a Llama config (drafter/families/eagle3/export.py writes them; vLLM and SGLang read
 # them, or ignore them on purpose: speculators' version and proposal settings, and draftsmith's own provenance:
 # its block and the code_version every artifact records).
 EXPORT_KEYS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "fc_norm", "norm_before_fc",
@@ -57,7 +57,7 @@ def known_keys() -> set[str]:
 def expected_weights(cfg) -> set[str]:
     """Internal weight names a drafter of ``cfg`` stores (built on the meta device: no memory)."""
     from draftsmith.drafter.checkpoint import FROZEN
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 
     with torch.device("meta"):
         model = Eagle3Drafter(cfg)

@@ -30,7 +30,7 @@ from draftsmith.drafter.config import (
     rope_of,
     same_rope,
 )
-from draftsmith.drafter.model import Eagle3Drafter
+from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 from draftsmith.drafter.vocab import init_from_target
 from draftsmith.errors import ModelError
 from draftsmith.log import get_logger

@@ -34,7 +34,7 @@ def propose(drafter, seq: list[int], next_token: int, aux: torch.Tensor, k: int)
     """``k`` greedy draft tokens (target ids) after ``seq + [next_token]``.
 
     Args:
-        drafter: :class:`~draftsmith.drafter.model.Eagle3Drafter`. seq: ``n`` token ids with features.
+        drafter: :class:`~draftsmith.drafter.families.eagle3.model.Eagle3Drafter`. seq: ``n`` token ids with features.
         aux: ``[n, 3*H_t]`` target aux features of ``seq``.
     """
     n = len(seq)

@@ -9,11 +9,13 @@ Training", 2025) so one peak learning rate serves both. The split and its defaul
 (``speculators/train/optimizers.py``: Muon lr = lr, momentum 0.95, weight decay 0.1), which trains EAGLE-3 drafters
 with it by default; the Muon itself is PyTorch's ``torch.optim.Muon``.
 
-Each optimizer gets its own ``LambdaLR`` on the same schedule (:class:`LRSchedule`); both are stepped and saved as one.
+Each optimizer gets its own ``LambdaLR`` on the same schedule (:class:`LRSchedule`, shaped by :func:`lr_lambda`); both
+are stepped and saved as one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -118,3 +120,15 @@ class LRSchedule:
                              f"{len(self.schedulers)}")
         for s, st in zip(self.schedulers, states, strict=True):
             s.load_state_dict(st)
+
+
+def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
+    """Linear warm-up then cosine decay to ``min_ratio`` (SpecForge's schedule)."""
+
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        p = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p))
+
+    return f

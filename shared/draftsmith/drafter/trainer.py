@@ -40,8 +40,7 @@ from draftsmith.drafter.distributed import all_sum, setup_distributed
 from draftsmith.drafter.families import state_of_family, usable_family
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
 from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_memory_workers
-from draftsmith.drafter.objective import lr_lambda
-from draftsmith.drafter.optimizer import LRSchedule, Optimizers
+from draftsmith.drafter.optimizer import LRSchedule, Optimizers, lr_lambda
 from draftsmith.drafter.progress import StepTiming, peak_memory_gb, progress_line, set_train_metrics
 from draftsmith.drafter.target_top1 import TargetTop1
 from draftsmith.drafter.ttt import StepStats, target_view

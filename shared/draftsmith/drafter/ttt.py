@@ -189,7 +189,8 @@ def ttt_loss(
     """Unroll ``k`` draft steps and return the weighted loss and per-step sums.
 
     Args:
-        model: :class:`~draftsmith.drafter.model.Eagle3Drafter` (or its DDP wrapper's ``.module`` for ``step``).
+        model: :class:`~draftsmith.drafter.families.eagle3.model.Eagle3Drafter` (or its DDP wrapper's ``.module``
+            for ``step``).
         input_ids: ``[B, T]`` target ids (right-padded). loss_mask: ``[B, T]`` (1 = token t is target-generated).
         aux_hidden: ``[B, T, 3*H_t]``. lengths: ``[B]`` real lengths.
         view: :func:`target_view` of the same batch.

@@ -1,7 +1,8 @@
 """Attention of training-time-test steps >= 1, in memory linear in the sequence length T.
 
 Step ``j >= 1`` of the TTT unroll at row ``t`` attends to the step-0 keys of positions ``0..t`` (a causal block over
-the base keys) plus its own row's keys of steps ``1..j`` (``j`` diagonal terms; ``drafter/model.py``'s docstring).
+the base keys) plus its own row's keys of steps ``1..j`` (``j`` diagonal terms; the docstring of
+``drafter/families/eagle3/model.py``).
 Written out (:func:`ttt_attention_reference`, the implementation before this module) that is ``[B, h, T, T + j]``
 scores, mask and softmax, and the softmax is saved for backward: memory quadratic in T (5.4e-4 MB/token^2 for an
 8B-shaped drafter, ~43 GB at 8k tokens on top of the linear part; docs/benchmarks.md, "TTT memory").
@@ -37,7 +38,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import repeat_kv
 
-# One layer's keys/values per draft step (as in drafter/model.py): cache[step] = (k, v), each [B, h_kv, T, d].
+# One layer's keys/values per draft step (as in the EAGLE-3 drafter): cache[step] = (k, v), each [B, h_kv, T, d].
 LayerCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 MODES = ("blockwise", "dense")
@@ -112,7 +113,7 @@ def set_ttt_attention(model: nn.Module, mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"ttt attention {mode!r} is not one of {MODES}")
     for m in model.modules():
-        if hasattr(m, "ttt_attention"):  # DraftAttention (draftsmith.drafter.model), not imported: it imports us
+        if hasattr(m, "ttt_attention"):  # EAGLE-3's DraftAttention, not imported: it imports us
             m.ttt_attention = mode
 
 

@@ -111,7 +111,7 @@ def init_from_target(model, target_path: Path | str, d2t: torch.Tensor, t2d: tor
     """Copy the frozen embedding and (by default) the draft rows of the target's ``lm_head`` into ``model``.
 
     Args:
-        model: an :class:`~draftsmith.drafter.model.Eagle3Drafter`.
+        model: an :class:`~draftsmith.drafter.families.eagle3.model.Eagle3Drafter`.
         d2t, t2d: the draft vocabulary (copied into the model's buffers).
         lm_head: ``"target"`` (rows ``i + d2t[i]`` of the target head) or ``"random"`` (keep the random init).
         norm: ``"target"`` copies the target's final norm weight into the drafter's final norm (so that, with the

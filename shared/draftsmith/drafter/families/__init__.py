@@ -1,4 +1,4 @@
-"""Drafter families: one interface, one module per family, picked by ``train.family``.
+"""Drafter families: one interface, one folder per family, picked by ``train.family``.
 
 A family is what differs between drafters that share everything else (the run's data, features, checkpoints,
 resume, metrics and progress line): how its model is built from the target, what its training objective computes
@@ -8,10 +8,12 @@ branch on a family's name.
 
 Families are named by import path (:data:`REGISTRY`), so this module imports none of them (nor torch): a family
 module is loaded when it is asked for, and one that this build does not hold is refused with the reason. Each
-family module defines ``FAMILY``, an object with the attributes and methods of :class:`Family`.
+family's folder holds its ``model``, ``objective`` and ``export`` modules (the ones it does not borrow) and a
+``family`` module defining ``FAMILY``, an object with the attributes and methods of :class:`Family`.
 
-- ``eagle3`` (:mod:`.eagle3`): EAGLE-3, chain drafting, one token per drafter pass (the existing drafter code).
-- ``peagle`` (:mod:`.peagle`): P-EAGLE, parallel drafting, K tokens from one drafter pass (K - 1 mask slots).
+- ``eagle3`` (:mod:`.eagle3`): EAGLE-3, chain drafting, one token per drafter pass.
+- ``peagle`` (:mod:`.peagle`): P-EAGLE, parallel drafting, K tokens from one drafter pass (K - 1 mask slots);
+  EAGLE-3's objective and export.
 - ``dflash`` (:mod:`.dflash`): DFlash, block diffusion over several target layers.
 """
 
@@ -26,7 +28,7 @@ from draftsmith.errors import ConfigError
 
 FAMILIES = ("eagle3", "peagle", "dflash")
 DEFAULT = "eagle3"
-REGISTRY = {name: f"{__name__}.{name}" for name in FAMILIES}
+REGISTRY = {name: f"{__name__}.{name}.family" for name in FAMILIES}
 # Key of an export's config.json naming the family that wrote it (engines ignore keys they do not read).
 EXPORT_KEY = "draftsmith_family"
 
@@ -100,7 +102,7 @@ def get_family(name: str) -> Family:
     try:
         module = importlib.import_module(REGISTRY[name])
     except ModuleNotFoundError as e:
-        if e.name != REGISTRY[name]:
+        if not _held_by(REGISTRY[name], e.name):
             raise
         raise ConfigError(
             f"drafter family {name!r} is not in this build ({REGISTRY[name]} is missing)",
@@ -124,7 +126,23 @@ def usable_family(settings: Any, features: Any = None) -> Family:
 
 def available() -> list[str]:
     """The registered families whose modules this build holds."""
-    return [n for n in FAMILIES if importlib.util.find_spec(REGISTRY[n]) is not None]
+    return [n for n in FAMILIES if _found(REGISTRY[n])]
+
+
+def _held_by(path: str, missing: str | None) -> bool:
+    """Whether the module ``missing`` that an import reported absent is ``path`` or a package on its way (the
+    family's folder), rather than something the family's code imports."""
+    return missing is not None and (path == missing or path.startswith(missing + "."))
+
+
+def _found(path: str) -> bool:
+    """Whether the module ``path`` exists in this build (its family folder and the module in it)."""
+    try:
+        return importlib.util.find_spec(path) is not None
+    except ModuleNotFoundError as e:  # find_spec imports the parent packages; the family's folder is missing
+        if not _held_by(path, e.name):
+            raise
+        return False
 
 
 def family_of_state(state: dict[str, Any]) -> str:

@@ -1,7 +1,6 @@
 """DFlash as a family (:class:`~draftsmith.drafter.families.Family`): block diffusion drafting, one drafter pass
-proposes a whole block (``drafter/dflash_model.py``), trained on anchored blocks (``drafter/dflash_objective.py``),
-exported in the layout vLLM's ``qwen3_dflash.py`` loads (``drafter/dflash_export.py``) and served as
-``method: dflash``.
+proposes a whole block (``model.py`` beside it), trained on anchored blocks (``objective.py``), exported in the
+layout vLLM's ``qwen3_dflash.py`` loads (``export.py``) and served as ``method: dflash``.
 
 Settings: the block is ``train.ttt_steps + 1`` slots (the anchor token and K = ``train.ttt_steps`` masks, the most
 vLLM may serve it with), ``train.dflash_anchors`` blocks per sequence and pass, slot weights
@@ -22,9 +21,9 @@ from draftsmith.artifacts.export import config_path
 from draftsmith.artifacts.location import run_location
 from draftsmith.drafter.checkpoint import load_model_weights, read_state
 from draftsmith.drafter.config import DraftConfig, read_target_config
-from draftsmith.drafter.dflash_export import load_dflash_export, write_dflash_export
-from draftsmith.drafter.dflash_model import DFlashDrafter, default_mask_token_id
-from draftsmith.drafter.dflash_objective import DFlashObjective
+from draftsmith.drafter.families.dflash.export import load_dflash_export, write_dflash_export
+from draftsmith.drafter.families.dflash.model import DFlashDrafter, default_mask_token_id
+from draftsmith.drafter.families.dflash.objective import DFlashObjective
 from draftsmith.drafter.vocab import init_from_target
 from draftsmith.errors import ConfigError, ModelError
 from draftsmith.log import get_logger
@@ -124,14 +123,14 @@ class DFlashFamily:
         return model.eval()
 
     def load_export(self, folder: Path, target_path: str) -> DFlashDrafter:
-        """:func:`~draftsmith.drafter.dflash_export.load_dflash_export`."""
+        """:func:`~draftsmith.drafter.families.dflash.export.load_dflash_export`."""
         return load_dflash_export(folder, target_path)
 
     def export_checkpoint(
         self, ckpt: Path, target_path: str, out_root: Path, fmt: str, speculative_tokens: int
     ) -> list[Path]:
-        """``out_root/dflash/`` (:func:`~draftsmith.drafter.dflash_export.write_dflash_export`), whatever EAGLE-3
-        layout ``fmt`` names (those do not exist for DFlash).
+        """``out_root/dflash/`` (:func:`~draftsmith.drafter.families.dflash.export.write_dflash_export`), whatever
+        EAGLE-3 layout ``fmt`` names (those do not exist for DFlash).
 
         Raises:
             ModelError: ``fmt`` is ``speculators`` only.

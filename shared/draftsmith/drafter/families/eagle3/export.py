@@ -134,7 +134,7 @@ def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3,
     the ``code_version`` that wrote it (:func:`draftsmith.artifacts.provenance.stamp`, read back by ``eval``).
 
     Args:
-        model: trained :class:`~draftsmith.drafter.model.Eagle3Drafter`.
+        model: trained :class:`~draftsmith.drafter.families.eagle3.model.Eagle3Drafter`.
         layout: ``eagle3`` or ``speculators``.
         speculative_tokens: default K written into the speculators config.
         verifier: the target's path or name (speculators ``verifier.name_or_path``).

@@ -1,14 +1,12 @@
-"""What the trainer optimises: the TTT objective as one module (one DDP/FSDP ``forward`` per micro-batch), the
-feature-noise regulariser and the learning-rate schedule."""
+"""What the trainer optimises for EAGLE-3: the TTT objective as one module (one DDP/FSDP ``forward`` per
+micro-batch) and the feature-noise regulariser."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
-from draftsmith.drafter.model import Eagle3Drafter
+from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 from draftsmith.drafter.ttt import StepStats, ttt_loss
 
 
@@ -42,15 +40,3 @@ def add_feature_noise(aux: torch.Tensor, n_aux: int, scale: float) -> torch.Tens
     x = aux.view(B, T, n_aux, D // n_aux)  # [B, T, n, H_t]
     rms = x.pow(2).mean(-1, keepdim=True).sqrt()  # [B, T, n, 1]
     return (x + scale * rms * torch.randn_like(x)).view(B, T, D)
-
-
-def lr_lambda(total_steps: int, warmup_steps: int, min_ratio: float):
-    """Linear warm-up then cosine decay to ``min_ratio`` (SpecForge's schedule)."""
-
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        p = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p))
-
-    return f

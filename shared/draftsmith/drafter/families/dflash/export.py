@@ -28,7 +28,7 @@ from draftsmith.artifacts.export import config_path, weights_path
 from draftsmith.artifacts.provenance import stamp
 from draftsmith.drafter.checkpoint import model_state
 from draftsmith.drafter.config import DraftConfig
-from draftsmith.drafter.dflash_model import DFlashDrafter
+from draftsmith.drafter.families.dflash.model import DFlashDrafter
 from draftsmith.errors import ModelError
 from draftsmith.features.layers import vllm_aux_ids
 from draftsmith.log import get_logger

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.drafter.dflash_model import DFlashDrafter
+from draftsmith.drafter.families.dflash.model import DFlashDrafter
 from draftsmith.drafter.ttt import StepStats, TargetView
 
 # Rows of one logits chunk ([rows, V] floats are recomputed in backward, never kept): 2**24 floats = 64 MiB.

@@ -1,6 +1,6 @@
-"""EAGLE-3 as a family (:class:`~draftsmith.drafter.families.Family`): the chain drafter of ``drafter/model.py``,
-trained with the training-time test of ``drafter/ttt.py``, exported by ``drafter/export.py`` in both layouts and
-served as vLLM's ``method: eagle3`` (and by SGLang from the eagle3 layout)."""
+"""EAGLE-3 as a family (:class:`~draftsmith.drafter.families.Family`): the chain drafter of ``model.py`` beside
+it, trained with the training-time test of ``drafter/ttt.py`` (``objective.py``), exported by ``export.py`` in both
+layouts and served as vLLM's ``method: eagle3`` (and by SGLang from the eagle3 layout)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 from draftsmith.artifacts.export import EAGLE3, LAYOUTS
 from draftsmith.drafter.config import DraftConfig
-from draftsmith.drafter.export import export_checkpoint
+from draftsmith.drafter.families.eagle3.export import export_checkpoint
+from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
+from draftsmith.drafter.families.eagle3.objective import TTTObjective
 from draftsmith.drafter.load import load_checkpoint_model
-from draftsmith.drafter.model import Eagle3Drafter
-from draftsmith.drafter.objective import TTTObjective
 from draftsmith.target.server import eagle3_config
 
 
@@ -44,7 +44,8 @@ class Eagle3Family:
     def export_checkpoint(
         self, ckpt: Path, target_path: str, out_root: Path, fmt: str, speculative_tokens: int
     ) -> list[Path]:
-        """:func:`~draftsmith.drafter.export.export_checkpoint` (``eagle3``, ``speculators`` or ``both``)."""
+        """:func:`~draftsmith.drafter.families.eagle3.export.export_checkpoint` (``eagle3``, ``speculators`` or
+        ``both``)."""
         return export_checkpoint(ckpt, target_path, out_root, fmt, speculative_tokens)
 
     def speculative_config(self, drafter: Path | str, k: int) -> dict[str, Any]:
