@@ -196,6 +196,10 @@ TOP_IMPORTS_CHECKED = (
     "draftsmith.evaluation.checks", "draftsmith.evaluation.report", "draftsmith.evaluation.evaluate",
     "draftsmith.cli.data", "draftsmith.cli.eval", "draftsmith.cli.train",
 )
+# Packages checked whole: every module whose name starts with one of these, families included.
+TOP_IMPORTS_PACKAGES = ("draftsmith.drafter", "draftsmith.evaluation")
+# Modules of those packages left out while their owner rewrites them (the checkpoint store).
+TOP_IMPORTS_PENDING = ("draftsmith.drafter.checkpoint",)
 
 
 def lazy_allowed(doc: Path = ARCHITECTURE) -> list[str]:
@@ -272,9 +276,17 @@ def heavy_modules(allowed: list[str], shared: Path = SHARED) -> set[str]:
     return {m for m in mods if is_heavy(m)}
 
 
-def lazy_import_problems(shared: Path = SHARED, checked=TOP_IMPORTS_CHECKED) -> list[str]:
+def checked_modules(shared: Path = SHARED) -> list[str]:
+    """The modules whose imports must sit at the top: :data:`TOP_IMPORTS_CHECKED` and every module of
+    :data:`TOP_IMPORTS_PACKAGES`, less :data:`TOP_IMPORTS_PENDING`."""
+    whole = {m for m in _modules(shared) for p in TOP_IMPORTS_PACKAGES if m == p or m.startswith(p + ".")}
+    return sorted((set(TOP_IMPORTS_CHECKED) | whole) - set(TOP_IMPORTS_PENDING))
+
+
+def lazy_import_problems(shared: Path = SHARED, checked=None) -> list[str]:
     """One line per package-internal import inside a function of a ``checked`` module that the table does not
-    allow: ``module:line imports name inside a function``."""
+    allow: ``module:line imports name inside a function``; ``checked`` defaults to :func:`checked_modules`."""
+    checked = checked_modules(shared) if checked is None else checked
     allowed = lazy_allowed()
     heavy = heavy_modules(allowed, shared)
     mods = _modules(shared)
@@ -301,6 +313,9 @@ def test_the_lazy_import_table_names_the_engines_and_torch():
 
 def test_package_imports_sit_at_the_top_of_the_checked_modules():
     """Inside a function only what the table of docs/architecture.md allows, in the modules already moved."""
+    checked = checked_modules()
+    assert {"draftsmith.drafter.trainer", "draftsmith.drafter.families.dflash.export",
+            "draftsmith.evaluation.runner", "draftsmith.cli.train"} <= set(checked), checked
     assert lazy_import_problems() == []
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.errors import ModelError
+from draftsmith.features.layers import default_layer_ids, vllm_aux_ids
+from draftsmith.target.checkpoint import read_target_config as read_checkpoint_config
 
 
 def vllm_layer_ids(layer_ids: list[int]) -> list[int]:
     """vLLM's ``eagle_aux_hidden_state_layer_ids`` for our ``layer_ids`` (``i + 1``)."""
-    from draftsmith.features.layers import vllm_aux_ids
-
     return vllm_aux_ids(layer_ids)
 
 
@@ -94,9 +94,7 @@ def read_target_config(target_path: Path | str) -> dict[str, Any]:
     Raises:
         ModelError: no readable ``config.json`` in the folder.
     """
-    from draftsmith.target.checkpoint import read_target_config as read
-
-    return read(target_path)
+    return read_checkpoint_config(target_path)
 
 
 def is_mla(text_config: dict[str, Any]) -> bool:
@@ -178,8 +176,6 @@ def derive_config(
     if missing:
         raise ModelError(f"target config lacks {missing}", "use a decoder-only Hugging Face checkpoint")
     n_layers = int(text["num_hidden_layers"])
-    from draftsmith.features.layers import default_layer_ids
-
     ids = list(layer_ids) if layer_ids else list(default_layer_ids(n_layers))
     if any(i < 0 or i >= n_layers - 1 for i in ids):
         raise ModelError(f"aux layer ids {ids} are outside 0..{n_layers}", "pick ids of existing target layers")

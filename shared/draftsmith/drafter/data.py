@@ -18,6 +18,7 @@ import torch
 from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as features_artifact
 from draftsmith.errors import DataError
+from draftsmith.features.stream import FeatureStream
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -210,8 +211,6 @@ class StreamedFeatures:
     """
 
     def __init__(self, settings, run_dir: Path, samples: TrainSamples) -> None:
-        from draftsmith.features.stream import FeatureStream
-
         self.stream = FeatureStream.from_settings(settings, Path(run_dir))
         self.samples = samples
         self.hidden_size = int(self.stream.plan.hidden_size)

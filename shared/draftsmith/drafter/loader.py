@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from draftsmith.drafter.data import FeatureSource, TrainSamples, collate
+from draftsmith.log import get_logger
 
 
 @dataclass
@@ -116,8 +117,6 @@ def shared_memory_workers(workers: int, batch_bytes: int, prefetch: int = 2, shm
     if need <= free // 2:
         return workers
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        from draftsmith.log import get_logger
-
         get_logger(__name__).warning(
             "READ-AHEAD OFF: %d rank(s) x %d loader worker(s) need ~%.1f GB of shared memory (twice that free) "
             "and %s has %.1f GB free, so features are read in the training step, not ahead. Fix: the host's "

@@ -17,6 +17,10 @@ from typing import Any
 
 import torch
 
+from draftsmith.data.render import load_tokenizer
+from draftsmith.drafter.hf_features import load_target
+from draftsmith.drafter.load import load_export_model
+from draftsmith.features.layers import hf_hidden_index
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -81,11 +85,6 @@ def estimate_acceptance(
         ModelError: the drafter does not fit the target (see :mod:`draftsmith.drafter.load`).
     """
     from transformers import DynamicCache
-
-    from draftsmith.data.render import load_tokenizer
-    from draftsmith.drafter.hf_features import load_target
-    from draftsmith.drafter.load import load_export_model
-    from draftsmith.features.layers import hf_hidden_index
 
     tok = load_tokenizer(target_path, trust_remote_code=trust_remote_code)
     target = load_target(target_path, trust_remote_code=trust_remote_code)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from draftsmith.allocator import keep_freed_memory_for
+from draftsmith.artifacts.status import write_snapshot
 from draftsmith.drafter.checkpoint import (
     full_model_state,
     full_optimizer_state,
@@ -35,10 +36,18 @@ from draftsmith.drafter.checkpoint import (
 )
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.curve import add_point, curve_point, curve_steps, seen
-from draftsmith.drafter.data import FeatureSource, OfflineFeatures, TrainSamples, make_batches, usable_split
+from draftsmith.drafter.data import (
+    FeatureSource,
+    OfflineFeatures,
+    StreamedFeatures,
+    TrainSamples,
+    make_batches,
+    usable_split,
+)
 from draftsmith.drafter.distributed import all_sum, setup_distributed
 from draftsmith.drafter.families import state_of_family, usable_family
 from draftsmith.drafter.flops import mfu, peak_flops, train_flops_per_token
+from draftsmith.drafter.load import fit_to_pretrained, load_pretrained
 from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_memory_workers
 from draftsmith.drafter.optimizer import LRSchedule, Optimizers, lr_lambda
 from draftsmith.drafter.progress import StepTiming, peak_memory_gb, progress_line, set_train_metrics
@@ -50,6 +59,8 @@ from draftsmith.errors import DataError, Interrupted, TrainingError
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
 from draftsmith.precision import native_bf16
+from draftsmith.signals import StopRequest
+from draftsmith.target.checkpoint import target_checkpoint
 
 log = get_logger(__name__)
 
@@ -64,8 +75,6 @@ class Trainer:
     """
 
     def __init__(self, settings, features: FeatureSource | None = None) -> None:
-        from draftsmith.target.checkpoint import target_checkpoint
-
         self.s, self.tc = settings, settings.train
         self.paths = RunPaths(settings.runs_dir, settings.run)
         self.after_checkpoint: Callable[[], None] | None = None  # called on the main rank after each checkpoint
@@ -89,15 +98,11 @@ class Trainer:
             raise DataError(f"features have hidden size {self.features.hidden_size}, the target "
                             f"{self.cfg.target_hidden_size}", "the features come from another target; re-extract")
         if self.tc.init_from:
-            from draftsmith.drafter.load import fit_to_pretrained
-
             self.cfg = fit_to_pretrained(self.cfg, self.tc.init_from, self.tc.init_rope)
         self.model = self.family.build_model(self.cfg, self.target_path)
         self.lm_head = init_from_target(self.model, self.target_path, self.d2t, self.t2d, self.tc.lm_head_init,
                                         self.tc.norm_init)
         if self.tc.init_from:
-            from draftsmith.drafter.load import load_pretrained
-
             load_pretrained(self.model, self.tc.init_from, remap=self.tc.remap_vocab, rope=self.tc.init_rope,
                             min_overlap=self.tc.remap_min_overlap)
         if self.tc.freeze_lm_head:  # EAGLE-1's choice: the target's own head reads the drafter's state
@@ -146,8 +151,6 @@ class Trainer:
 
     def _feature_source(self) -> FeatureSource:
         if self.tc.features == "stream":
-            from draftsmith.drafter.data import StreamedFeatures
-
             return StreamedFeatures(self.s, self.paths.root, self.samples)
         src = OfflineFeatures(self.paths.features)
         want = self.samples.target_model
@@ -306,8 +309,6 @@ class Trainer:
             log.info(text)
         set_train_metrics(self.s.run, self.step, self.epoch, lr, tps, interval, held)
         if self.dist.main:
-            from draftsmith.artifacts.status import write_snapshot
-
             done = not line  # the closing report after the last step
             write_snapshot(
                 self.paths.root, "train", "done" if done else "running",
@@ -332,8 +333,6 @@ class Trainer:
             TrainingError: a NaN or Inf loss or gradient (the last good checkpoint is kept, nothing is saved).
             Interrupted: a signal stopped training; the checkpoint of the last finished step is saved.
         """
-        from draftsmith.signals import StopRequest
-
         with StopRequest() as stop:
             return self._run(stop, stop_at)
 

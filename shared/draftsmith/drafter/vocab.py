@@ -11,8 +11,11 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.artifacts import data as data_artifact
+from draftsmith.artifacts import vocab as vocab_artifact
 from draftsmith.errors import DataError, ModelError
 from draftsmith.log import get_logger
+from draftsmith.target.checkpoint import load_final_norm
 
 log = get_logger(__name__)
 
@@ -48,12 +51,10 @@ def load_draft_vocab(data_dir: Path | str, size: int) -> tuple[torch.Tensor, tor
     """
     from safetensors.torch import load_file
 
-    from draftsmith.artifacts import data, vocab
-
-    vdir = data.vocab_dir(data_dir)
-    st = vocab.mapping_path(vdir, size)
+    vdir = data_artifact.vocab_dir(data_dir)
+    st = vocab_artifact.mapping_path(vdir, size)
     if not st.is_file():
-        have = vocab.mapping_files(vdir)
+        have = vocab_artifact.mapping_files(vdir)
         raise DataError(
             f"no draft vocabulary of size {size} at {st} (have: {', '.join(have) or 'none'})",
             "run `draftsmith build-data` with this vocabulary size, or set train.draft_vocab_size to one you have",
@@ -61,7 +62,7 @@ def load_draft_vocab(data_dir: Path | str, size: int) -> tuple[torch.Tensor, tor
     t = load_file(str(st))
     d2t, t2d = t["d2t"].to(torch.long), t["t2d"].to(torch.bool)
     check_mapping(d2t, t2d)
-    meta = vocab.read_meta(vdir, size) or {}
+    meta = vocab_artifact.read_meta(vdir, size) or {}
     return d2t, t2d, meta
 
 
@@ -101,8 +102,6 @@ def load_target_final_norm(target_path: Path | str) -> torch.Tensor:
     Raises:
         ModelError: no such weight in the checkpoint's safetensors files.
     """
-    from draftsmith.target.checkpoint import load_final_norm
-
     return load_final_norm(Path(target_path)).float()
 
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from draftsmith.data.render import load_tokenizer
 from draftsmith.errors import EngineError
 from draftsmith.evaluation.prom import fetch
 from draftsmith.evaluation.sets import EvalPrompt, EvalSet
@@ -96,8 +97,6 @@ class SGLangClient:
     engine = "sglang"
 
     def __init__(self, url: str, tokenizer_dir: Path, timeout_s: float = 600.0, trust_remote_code: bool = False) -> None:
-        from draftsmith.data.render import load_tokenizer
-
         self.url = url.rstrip("/")
         self.tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))

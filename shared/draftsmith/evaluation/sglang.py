@@ -29,6 +29,7 @@ from draftsmith.errors import EngineError
 from draftsmith.evaluation.prom import parse_text, total
 from draftsmith.evaluation.vllm_metrics import Acceptance
 from draftsmith.precision import serving_dtype
+from draftsmith.target.server import cpu_env
 
 ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accept_token_num", "spec_accepted_tokens")
 PROPOSED_KEYS = ("spec_num_proposed_drafts", "spec_draft_token_num", "spec_draft_tokens")
@@ -57,8 +58,6 @@ class SGLangServerSpec:
     def env(self) -> dict[str, str]:
         """The server's environment (read by the process helper it shares with vLLM, draftsmith.target.server):
         this process's, with the hub turned off as for vLLM."""
-        from draftsmith.target.server import cpu_env
-
         return cpu_env()
 
     def command(self) -> list[str]:

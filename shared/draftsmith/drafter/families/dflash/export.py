@@ -29,6 +29,7 @@ from draftsmith.artifacts.provenance import stamp
 from draftsmith.drafter.checkpoint import model_state
 from draftsmith.drafter.config import DraftConfig
 from draftsmith.drafter.families.dflash.model import DFlashDrafter
+from draftsmith.drafter.vocab import load_target_head
 from draftsmith.errors import ModelError
 from draftsmith.features.layers import vllm_aux_ids
 from draftsmith.log import get_logger
@@ -110,8 +111,6 @@ def load_dflash_export(folder: Path, target_path: Path | str) -> DFlashDrafter:
         ModelError: not a DFlash export of draftsmith, or weights that do not fit its config.
     """
     from safetensors.torch import load_file
-
-    from draftsmith.drafter.vocab import load_target_head
 
     conf = json.loads(config_path(folder).read_text())
     if conf.get("architectures") != [ARCHITECTURE] or DRAFTER_KEY not in conf:

@@ -40,6 +40,7 @@ from draftsmith.artifacts.export import (
 from draftsmith.artifacts.provenance import stamp
 from draftsmith.drafter.checkpoint import FROZEN, model_state
 from draftsmith.drafter.config import DraftConfig, vllm_layer_ids
+from draftsmith.drafter.load import load_checkpoint_model
 from draftsmith.features.layers import eagle3_layout_ids
 from draftsmith.log import get_logger
 
@@ -162,8 +163,6 @@ def write_export(model, out_dir: Path, layout: str, speculative_tokens: int = 3,
 
 def export_checkpoint(ckpt: Path, target_path: str, out_root: Path, fmt: str, speculative_tokens: int = 3) -> list[Path]:
     """Export checkpoint ``ckpt`` to ``out_root/<layout>/`` for ``fmt`` in eagle3 | speculators | both."""
-    from draftsmith.drafter.load import load_checkpoint_model
-
     model = load_checkpoint_model(ckpt, target_path)
     layouts = [SPECULATORS, EAGLE3] if fmt == "both" else [fmt]  # eagle3 last: it may refuse the layer ids
     return [write_export(model, layout_dir(out_root, lay), lay, speculative_tokens, target_path) for lay in layouts]
