@@ -41,6 +41,19 @@ def test_unknown_and_missing_families_are_refused_with_the_reason(tmp_path):
         _settings(tmp_path, train={"family": "medusa"})
 
 
+def test_a_family_whose_folder_this_build_lacks_is_refused_with_the_reason(monkeypatch):
+    """Each family is a folder (``families/<name>/family.py``): a build without the folder refuses the family by
+    name and lists the ones it holds, while an import error inside a family's own code is not hidden."""
+    from draftsmith.drafter import families
+
+    monkeypatch.setitem(families.REGISTRY, "dflash", "draftsmith.drafter.families.nothere.family")
+    assert families.available() == ["eagle3", "peagle"]
+    with pytest.raises(ConfigError, match=r"'dflash' is not in this build.*eagle3, peagle\)"):
+        get_family("dflash")
+    assert families.REGISTRY["eagle3"] == "draftsmith.drafter.families.eagle3.family"
+    assert not families._held_by("draftsmith.drafter.families.eagle3.family", "safetensors")
+
+
 def test_peagle_is_refused_before_training_where_it_cannot_be_used(tmp_path):
     with pytest.raises(ConfigError, match="K = train.ttt_steps.*1 is EAGLE-3"):
         usable_family(_settings(tmp_path, train={"family": "peagle", "ttt_steps": 1}))
