@@ -20,8 +20,6 @@ LONG_FUNCTIONS = {
                                               "pool atomically; a fifth of it is the docstring",
     "target/tiny_kimi.py:make_tiny_kimi": "one checkpoint written in order: tokenizer, trained language model, "
                                           "Kimi-K2.5 wrapper config, weights under their published names, marker",
-    "drafter/offline.py:estimate_acceptance": "greedy chain speculation against the target, "
-                                              "step by step, in the order the engines run it",
 }
 
 
