@@ -38,19 +38,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from protocol import PromptCounts, acceptance_length, measure_in_vllm, seeded_ratio  # noqa: E402
+
 RECORD_SCHEMA = "draftsmith.record/1"
 SETS = ("mt_bench", "gsm8k", "humaneval", "alpaca")
-
-
-@dataclass
-class PromptCounts:
-    """vLLM's speculative counters over one prompt's turns: ``drafts`` (draft proposals, one per verify step) and
-    ``accepted`` (draft tokens the target accepted)."""
-
-    set: str
-    id: str
-    drafts: float
-    accepted: float
 
 
 @dataclass
@@ -61,39 +52,6 @@ class Side:
     drafter: Path
     train_s: float
     prompts: list[PromptCounts] = field(default_factory=list)
-
-
-def acceptance_length(prompts: list[PromptCounts]) -> float:
-    """Mean acceptance length as vLLM reports it: ``1 + accepted / drafts`` over all the prompts (the bonus token
-    included). Raises ValueError when nothing was drafted."""
-    drafts = sum(p.drafts for p in prompts)
-    if drafts <= 0:
-        raise ValueError("no draft was proposed: was the drafter loaded?")
-    return 1.0 + sum(p.accepted for p in prompts) / drafts
-
-
-def paired_ratio(ours: list[PromptCounts], peer: list[PromptCounts], resamples: int = 4000,
-                 seed: int = 0) -> tuple[float, float, float]:
-    """``acceptance_length(ours) / acceptance_length(peer)`` and its 95 % interval from a paired bootstrap over
-    prompts (both sides resampled with the same prompt indices; percentile method).
-
-    Raises:
-        ValueError: the two sides answered different prompts.
-    """
-    import numpy as np
-    from scipy.stats import bootstrap
-
-    if [(p.set, p.id) for p in ours] != [(p.set, p.id) for p in peer]:
-        raise ValueError("the two drafters were measured on different prompts")
-    cols = [np.array([getattr(p, f) for p in side]) for side in (ours, peer) for f in ("accepted", "drafts")]
-
-    def ratio(oa, od, pa, pd, axis=-1):
-        return (1 + oa.sum(axis) / od.sum(axis)) / (1 + pa.sum(axis) / pd.sum(axis))
-
-    point = float(ratio(*cols))
-    res = bootstrap(cols, ratio, paired=True, vectorized=True, n_resamples=resamples, confidence_level=0.95,
-                    method="percentile", rng=np.random.default_rng(seed))
-    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def _cli(args: list[str], env: dict[str, str], log: Path) -> None:
@@ -172,28 +130,9 @@ def train_peer(run: Path, target: Path, work: Path, a) -> Side:
 
 
 def measure(side: Side, target: Path, sets, a, logs: Path) -> None:
-    """Serve ``side``'s drafter in vLLM CPU and answer every prompt alone, reading the counters around it."""
-    from draftsmith.config import load_settings
-    from draftsmith.evaluation.runner import VLLMClient
-    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
-
-    s = load_settings()
-    spec = VLLMServerSpec(model=target, served_name=target.name, port=free_port(), dtype=s.target.dtype,
-                          max_model_len=2048, kv_cache_gib=2, enforce_eager=a.eager, max_num_seqs=1,
-                          speculative={"method": "eagle3", "model": str(side.drafter),
-                                       "num_speculative_tokens": a.k})
-    with VLLMServer(spec, logs / f"vllm-{side.name}.log").start(timeout_s=1800) as server:
-        client = VLLMClient(server.url, target.name)
-        for es in sets:
-            for p in es.prompts:
-                before = client.counters()
-                messages: list[dict[str, str]] = []
-                for user in p.turns:
-                    messages.append({"role": "user", "content": user})
-                    t = client.generate(messages, a.max_tokens, 0.0)
-                    messages.append({"role": "assistant", "content": t.text})
-                d = client.counters() - before
-                side.prompts.append(PromptCounts(es.name, p.id, d.drafts, d.accepted))
+    """Serve ``side``'s drafter in vLLM CPU and answer the first ``a.limit`` prompts of every set alone."""
+    side.prompts += measure_in_vllm({"method": "eagle3", "model": str(side.drafter), "num_speculative_tokens": a.k},
+                                    target, sets, (0, a.limit), a.max_tokens, a.eager, logs / f"vllm-{side.name}.log")
 
 
 def save_peer(side: Side, path: Path) -> None:
@@ -216,7 +155,7 @@ def report(sides: list[Side]) -> None:
         sets = " ".join(f"{n} {v:.3f}" for n, v in per_set.items())
         print(f"{sd.name}: acceptance length {acceptance_length(sd.prompts):.3f} ({sets}); "
               f"training {sd.train_s:.0f} s; drafter {sd.drafter}")
-    ratio, low, high = paired_ratio(sides[0].prompts, sides[1].prompts)
+    ratio, low, high = seeded_ratio({0: sides[0].prompts}, {0: sides[1].prompts})
     print(f"RATIO peer_acceptance {ratio:.3f}")
     print(f"INTERVAL peer_acceptance {low:.3f} {high:.3f}")
 

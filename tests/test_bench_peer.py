@@ -1,4 +1,5 @@
-"""bench/peer.py's figures: the mean acceptance length as vLLM computes it, and the paired bootstrap of the ratio.
+"""bench/peer.py's records: a kept peer side read back as measured (the figures are bench/protocol.py's, tested in
+tests/test_bench_protocol.py).
 
 The per-prompt counts are those vLLM's counters give (drafts, accepted tokens); the bench itself needs the peer's
 virtualenv and two vLLM servers, so it runs as ``make peer-quick``, not here.
@@ -26,25 +27,6 @@ def peer():
 
 def _counts(peer, rows):
     return [peer.PromptCounts("gsm8k", f"p{i}", d, a) for i, (d, a) in enumerate(rows)]
-
-
-def test_acceptance_length_is_one_plus_accepted_per_draft(peer):
-    assert peer.acceptance_length(_counts(peer, [(10, 5), (30, 25)])) == pytest.approx(1.75)
-    with pytest.raises(ValueError, match="no draft"):
-        peer.acceptance_length(_counts(peer, [(0, 0)]))
-
-
-def test_paired_ratio_and_its_interval(peer):
-    peer_side = _counts(peer, [(40, 16 + i % 5) for i in range(40)])
-    same = peer.paired_ratio(peer_side, peer_side)
-    assert same == (pytest.approx(1.0), pytest.approx(1.0), pytest.approx(1.0))
-    ours = _counts(peer, [(36, 20 + i % 7) for i in range(40)])  # fewer verify steps, more accepted each
-    ratio, low, high = peer.paired_ratio(ours, peer_side)
-    want = (1 + sum(20 + i % 7 for i in range(40)) / (36 * 40)) / (1 + sum(16 + i % 5 for i in range(40)) / 1600)
-    assert ratio == pytest.approx(want) and 1.0 < low < ratio < high < 1.2
-    assert peer.paired_ratio(ours, peer_side) == (ratio, low, high)  # seeded: the same interval every time
-    with pytest.raises(ValueError, match="different prompts"):
-        peer.paired_ratio(ours[:-1], peer_side[1:])
 
 
 def test_a_kept_peer_side_is_read_back_as_measured(peer, tmp_path):
