@@ -18,6 +18,7 @@ from pathlib import Path
 # Prompts of each bundled set (80 each) used to choose anything (learning rates, recipes, pack sizes) against
 # prompts that only report: choosing on the prompts that report a result biases it upwards.
 SPLITS = {"selection": "1-40", "report": "41-80"}
+BUNDLED = ("mt_bench", "gsm8k", "humaneval", "alpaca")
 
 
 @dataclass
@@ -53,6 +54,69 @@ def prompt_range(text: str) -> tuple[int, int]:
         raise ValueError(f"prompt range {text!r} is neither FIRST-LAST (1-based, inclusive, e.g. 41-80) nor a split "
                          f"name ({', '.join(f'{k} = {v}' for k, v in SPLITS.items())})")
     return int(m.group(1)) - 1, int(m.group(2))
+
+
+def eval_sets(files: list[Path], prompts: tuple[int, int], limit: int | None = None) -> list:
+    """The sets a comparison answers: prompts ``prompts[0]:prompts[1]`` of each bundled set, then every prompt of each
+    file in ``files`` (JSONL in the bundled sets' layout, anywhere on disk: report data that nothing was chosen on);
+    each cut to its first ``limit`` prompts when given.
+
+    Returns:
+        :class:`draftsmith.evaluation.sets.EvalSet` s, bundled first, each holding only the prompts to answer.
+
+    Raises:
+        draftsmith.errors.DataError: a file is missing, not JSONL, or a line has no ``turns`` list of strings.
+        ValueError: a file's name (its stem) is a bundled set's or another file's, or a bundled set has no prompt in
+            ``prompts``.
+    """
+    from dataclasses import replace
+
+    from draftsmith.evaluation.sets import load_set
+
+    lo, hi = prompts
+    out = []
+    for name in BUNDLED:
+        es = load_set(name)
+        if not es.prompts[lo:hi]:
+            raise ValueError(f"eval set {name} has {len(es.prompts)} prompts, none in {lo + 1}-{hi}: pass a range "
+                             "inside it (--prompts FIRST-LAST)")
+        out.append(replace(es, prompts=es.prompts[lo:hi][:limit]))
+    for path in files:
+        if not Path(path).is_file():  # a name of a bundled set is not a file: refused here, not read as that set
+            raise ValueError(f"{path} is not a file: give the path of a JSONL file with a 'turns' list per line")
+        es = load_set(str(path), limit=limit)
+        if es.name in {e.name for e in out}:
+            raise ValueError(f"{path}: its name {es.name!r} is already a set of this comparison: rename the file "
+                             f"(a set is named by its file's stem; the bundled ones are {', '.join(BUNDLED)})")
+        out.append(es)
+    return out
+
+
+def data_sha256(data_dir: Path) -> str:
+    """SHA-256 of a run's training data as the trainers read it: every sample's id, token ids and loss mask (sorted
+    by id) and every draft vocabulary's tensors; independent of shard layout, file times and manifests' timestamps.
+
+    Raises:
+        draftsmith.errors.DataError: the data are missing or unreadable (:class:`TrainSamples`).
+    """
+    import hashlib
+
+    import torch
+    from draftsmith.drafter.data import TrainSamples
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    samples = TrainSamples(Path(data_dir)).samples
+    for sid in sorted(samples):
+        s = samples[sid]
+        h.update(sid.encode() + b"\0")
+        h.update(s.input_ids.to(torch.int64).numpy().tobytes())
+        h.update(s.loss_mask.to(torch.int64).numpy().tobytes())
+    for path in sorted((Path(data_dir) / "vocab").glob("draft-*.safetensors")):
+        h.update(path.name.encode())
+        for key, t in sorted(load_file(str(path)).items()):
+            h.update(key.encode() + t.contiguous().view(-1).to(torch.int64).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _counts(side: dict[int, list[PromptCounts]], keys: list[tuple[str, str]], name: str):

@@ -8,6 +8,7 @@ which ``make peer-quick`` runs.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -80,3 +81,76 @@ def test_the_seeds_spread_enters_the_interval(protocol):
         protocol.seeded_ratio({1: a, 2: b[1:]}, base)
     with pytest.raises(ValueError, match="no seed"):
         protocol.seeded_ratio({1: a}, {})
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_eval_sets_cut_the_bundled_sets_and_add_whole_files(protocol, tmp_path):
+    own = _jsonl(tmp_path / "support_tickets.jsonl", [{"question_id": 7, "turns": ["Reset my password."]},
+                                                      {"turns": ["Why was I billed twice?", "Refund it."]}])
+    sets = protocol.eval_sets([own], protocol.prompt_range("report"))
+    assert [es.name for es in sets] == [*protocol.BUNDLED, "support_tickets"]
+    bundled = {es.name: es for es in sets[:4]}
+    for name in protocol.BUNDLED:  # prompts 41-80 of each bundled set, i.e. the file's lines 41 to 80
+        lines = (bundled[name].path.read_text().splitlines())[40:80]
+        assert [p.turns for p in bundled[name].prompts] == [tuple(json.loads(x)["turns"]) for x in lines]
+    assert [(p.id, p.turns) for p in sets[-1].prompts] == [("7", ("Reset my password.",)),
+                                                          ("2", ("Why was I billed twice?", "Refund it."))]
+    cut = protocol.eval_sets([own], protocol.prompt_range("selection"), limit=1)
+    assert [len(es.prompts) for es in cut] == [1] * 5
+    first = json.loads(bundled["gsm8k"].path.read_text().splitlines()[0])
+    assert cut[1].prompts[0].turns == tuple(first["turns"]) and cut[-1].prompts[0].id == "7"
+
+
+def test_eval_sets_refuse_bad_files_with_the_fix(protocol, tmp_path):
+    from draftsmith.errors import DataError
+
+    with pytest.raises(ValueError, match="not a file"):
+        protocol.eval_sets([tmp_path / "missing.jsonl"], (40, 80))
+    with pytest.raises(DataError, match="turns"):
+        protocol.eval_sets([_jsonl(tmp_path / "bad.jsonl", [{"prompt": "no turns here"}])], (40, 80))
+    with pytest.raises(ValueError, match="rename the file"):
+        protocol.eval_sets([_jsonl(tmp_path / "gsm8k.jsonl", [{"turns": ["2 + 2?"]}])], (40, 80))
+    with pytest.raises(ValueError, match="none in 81-90"):
+        protocol.eval_sets([], protocol.prompt_range("81-90"))
+
+
+def _write_data(data_dir, shards, vocab=None):
+    """A run's ``data/`` as build-data lays it out: shards of (sample id, ids, mask) and the manifest."""
+    import torch
+    from draftsmith.artifacts import data as data_artifact
+    from safetensors.torch import save_file
+
+    data_dir.mkdir(parents=True)
+    entries = []
+    for k, samples in enumerate(shards):
+        offsets = torch.tensor([0] + [len(s[1]) for s in samples]).cumsum(0)  # [S+1]
+        f = data_dir / data_artifact.shard_file(k)
+        save_file({"input_ids": torch.tensor([t for s in samples for t in s[1]], dtype=torch.int32),
+                   "loss_mask": torch.tensor([t for s in samples for t in s[2]], dtype=torch.uint8),
+                   "offsets": offsets}, str(f))
+        entries.append({"file": f.name, "sample_ids": [s[0] for s in samples], "lengths": [len(s[1]) for s in samples],
+                        "sha256": "unused"})
+    data_artifact.write_manifest(data_dir, {"schema": data_artifact.DATA_SCHEMA, "tokenizer": {"path": "t", "sha256": "x"},
+                                            "target_model": "t", "max_length": 8, "shards": entries, "config": {}})
+    if vocab is not None:
+        (data_dir / "vocab").mkdir()
+        save_file({"d2t": torch.tensor(vocab), "t2d": torch.tensor([True, False, True])},
+                  str(data_dir / "vocab" / "draft-2.safetensors"))
+    return data_dir
+
+
+def test_data_hash_follows_the_samples_not_their_layout(protocol, tmp_path):
+    a, b = ("s1", [5, 6, 7], [0, 1, 1]), ("s0", [9, 4], [0, 1])
+    one = protocol.data_sha256(_write_data(tmp_path / "one", [[a, b]], vocab=[0, 1]))
+    # the same samples in two shards, in another order: the same data
+    assert protocol.data_sha256(_write_data(tmp_path / "two", [[b], [a]], vocab=[0, 1])) == one
+    assert len(one) == 64 and int(one, 16)
+    # one loss-mask bit, one token, or the draft vocabulary changed: other data
+    others = [([[("s1", [5, 6, 7], [1, 1, 1]), b]], [0, 1]), ([[("s1", [5, 6, 8], [0, 1, 1]), b]], [0, 1]),
+              ([[a, b]], [0, 2])]
+    hashes = {protocol.data_sha256(_write_data(tmp_path / f"o{i}", s, vocab=v)) for i, (s, v) in enumerate(others)}
+    assert len(hashes) == 3 and one not in hashes
