@@ -348,11 +348,13 @@ def main() -> None:
               f"TTT depth {a.ttt_steps}; seeds {cond['seeds']}; prompts {a.prompts} of each bundled set"
               f"{f' (at most {a.limit})' if a.limit else ''}, sets {', '.join(cond['sets'])}; {a.max_tokens} tokens, "
               f"K {a.k}", flush=True)
+        config = peer_config(a, *_shape(run))
+        reused = _reused_peer(a, cond, config, work) if a.peer_from else None  # refused before anything trains
         ours = Side("draftsmith", ours_config(a))
         for seed in cond["seeds"]:
             ours.runs.append(train_ours(run, work, env, ours.config, seed, logs))
             ours.runs[-1].prompts = _measure(ours.runs[-1].drafter, target, sets, a, logs / f"vllm-ours-{seed}.log")
-        peer = _peer_side(a, run, target, work, sets, cond, logs)
+        peer = reused or _peer_side(a, run, target, work, sets, cond, config, logs)
         save_record(work / "peer.json", cond, ours, peer)
         report(ours, peer)
     finally:
@@ -366,29 +368,31 @@ def _measure(drafter: Path, target: Path, sets, a, log: Path) -> list[PromptCoun
                            (0, max(len(es.prompts) for es in sets)), a.max_tokens, a.eager, log)
 
 
-def _peer_side(a, run: Path, target: Path, work: Path, sets, cond: dict, logs: Path) -> Side:
-    """The peer side: reused from ``--peer-from`` (refused under other settings), else trained per seed and
-    measured."""
+def _reused_peer(a, cond: dict, config: dict, work: Path) -> Side:
+    """The peer side of ``--peer-from DIR``, checked before anything trains; its kept training logs are copied into
+    ``work`` beside the new record. Raises SystemExit naming the settings that differ."""
+    try:
+        peer = peer_from(a.peer_from / "peer.json", cond, config)
+    except ValueError as e:
+        raise SystemExit(f"--peer-from: {e}") from e
+    for r in peer.runs:
+        if r.log and Path(r.log).is_file() and Path(r.log).parent != work:
+            shutil.copyfile(r.log, work / Path(r.log).name)
+            r.log = str(work / Path(r.log).name)
+    return peer
+
+
+def _peer_side(a, run: Path, target: Path, work: Path, sets, cond: dict, config: dict, logs: Path) -> Side:
+    """The peer side trained per seed on its own hidden states of ``run``'s samples, and measured."""
     import peer_speculators as ps
 
-    config = peer_config(a, *_shape(run))
-    if a.peer_from:
-        try:
-            peer = peer_from(a.peer_from / "peer.json", cond, config)
-        except ValueError as e:
-            raise SystemExit(f"--peer-from: {e}") from e
-        for r in peer.runs:  # the kept training logs travel with the record
-            if r.log and Path(r.log).is_file() and Path(r.log).parent != work:
-                shutil.copyfile(r.log, work / Path(r.log).name)
-                r.log = str(work / Path(r.log).name)
-        return peer
     t0 = time.perf_counter()
     made = ps.write_peer_data(run, target, work / "peer-data", all_rows=a.peer_all_rows)
-    print(f"peer data: {made['samples']} samples, {made['tokens']} tokens, loss rows "
-          f"{'all' if a.peer_all_rows else 'generated'} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"peer data: {made['samples']} samples, {made['tokens']} tokens, loss rows {config['loss_rows']} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
     peer = Side("speculators", config)
     for seed in cond["seeds"]:
-        peer.runs.append(train_peer(work / "peer-data", target, work, peer.config, seed, a))
+        peer.runs.append(train_peer(work / "peer-data", target, work, config, seed, a))
         print(f"peer training log (seed {seed}): {peer.runs[-1].log}", flush=True)
         peer.runs[-1].prompts = _measure(peer.runs[-1].drafter, target, sets, a, logs / f"vllm-peer-{seed}.log")
     return peer
