@@ -45,7 +45,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from protocol import (  # noqa: E402
-    SPLITS,
     PromptCounts,
     acceptance_length,
     data_sha256,
@@ -303,10 +302,10 @@ def _args() -> argparse.Namespace:
     if not a.run and not a.quick:
         ap.error("give --run RUN_DIR (a run with data/ and features/) or --quick")
     try:
-        prompt_range(a.prompts or a.split or "report")
+        lo, hi = prompt_range(a.prompts or a.split or "report")
     except ValueError as e:
         ap.error(str(e))
-    a.prompts = a.prompts or SPLITS[a.split or "report"]
+    a.prompts = f"{lo + 1}-{hi}"  # one spelling in the record, whichever flag named the range
     a.epochs = a.epochs or (1 if a.quick else 2)
     a.seeds = a.seeds or (1 if a.quick else 3)
     a.limit = a.limit or (3 if a.quick else None)
