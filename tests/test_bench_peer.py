@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -107,3 +108,16 @@ def test_peer_from_refuses_a_record_without_conditions(peer, tmp_path):
         peer.peer_from(tmp_path / "peer.json", {}, {})
     with pytest.raises(ValueError, match="does not exist"):
         peer.peer_from(tmp_path / "none" / "peer.json", {}, {})
+
+
+def test_a_bad_eval_set_stops_the_bench_before_anything_starts(tmp_path):
+    # a real command line: the file is read and refused before the peer's venv, a training or a server starts
+    bad = tmp_path / "tickets.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["fine"]}\n{"question_id": 2, "prompt": "no turns"}\n')
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "peer.py"), "--run", str(tmp_path / "no-run"),
+                        "--eval-sets", str(bad)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 1 and "--eval-sets:" in p.stderr and f"{bad}:2 has no 'turns' list" in p.stderr, p.stderr
+    assert "peer-venv" not in p.stdout
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "peer.py"), "--quick", "--split", "report",
+                        "--prompts", "41-80"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 2 and "not allowed with argument" in p.stderr  # one way to name the prompts
