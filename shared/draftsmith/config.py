@@ -50,6 +50,7 @@ from draftsmith.config_sections import (
     secret_value,
 )
 from draftsmith.errors import ConfigError
+from draftsmith.log import get_logger
 
 __all__ = ["MASK", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
            "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "adopt_recorded", "describe_fields",
@@ -364,8 +365,6 @@ def settings_for_job(run: dict[str, Any]) -> Settings:
     Raises:
         ConfigError: the worker's own settings or the job's run keys are invalid.
     """
-    from draftsmith.log import get_logger
-
     s, ignored = with_run_settings(load_settings(), run)
     if ignored:
         get_logger(__name__).warning(

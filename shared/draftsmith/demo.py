@@ -26,12 +26,21 @@ import yaml
 from draftsmith.artifacts.demo import DEMO_CONFIG_FILE, DEMO_STATE_FILE
 from draftsmith.artifacts.export import EAGLE3, SPECULATORS, layout_dir
 from draftsmith.artifacts.report import read_report
+from draftsmith.artifacts.status import read_snapshots, snapshot_line
 from draftsmith.artifacts.storage import atomic_write_text
-from draftsmith.config import Settings
+from draftsmith.config import Settings, load_settings
 from draftsmith.demo_sizes import DemoSize
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.generation.enqueue import enqueue
+from draftsmith.generation.progress import snapshot
+from draftsmith.jobqueue.queues import connect
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
+from draftsmith.signals import raise_on_sigterm
+from draftsmith.target.embedded import embedded_dir
+from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
+from draftsmith.target.tiny_kimi import tiny_kimi_dir
+from draftsmith.target.tiny_mla import tiny_mla_dir
 
 log = get_logger(__name__)
 
@@ -69,8 +78,6 @@ class Demo:
 
     def settings(self) -> Settings:
         """The run's settings as every stage sees them (the demo config file)."""
-        from draftsmith.config import load_settings
-
         return load_settings(self.config_file, {"redis": {"url": self.s.redis.url}})
 
     def write_config(self) -> None:
@@ -130,14 +137,9 @@ class Demo:
     def snapshot_hint(self, stage: str) -> str:
         if stage == "generate":
             try:
-                from draftsmith.generation.progress import snapshot
-                from draftsmith.jobqueue.queues import connect
-
                 return " | " + snapshot(connect(self.s.redis.url), self.s.redis.prefix, self.paths.root).line()
             except DraftsmithError:
                 return ""
-        from draftsmith.artifacts.status import read_snapshots, snapshot_line
-
         name = {"build-data": "data"}.get(stage, stage)
         for snap in read_snapshots(self.paths.root):
             if snap["stage"] in (name, stage) and snap["updated_at"] >= self._stage_t0:
@@ -150,8 +152,6 @@ class Demo:
         Raises:
             ConfigError: the folder lacks a pool this size enqueues.
         """
-        from draftsmith.errors import ConfigError
-
         d = Path(self.s.prompts_dir).resolve()
         missing = [p for p in self.size.pools if not (d / p).is_file()]
         if missing:
@@ -163,10 +163,6 @@ class Demo:
     # ---- stages
     def target_dir(self) -> Path:
         """The demo's target checkpoint folder (the embedded SmolLM2, the tiny MLA or the tiny Kimi-K2.5 target)."""
-        from draftsmith.target.embedded import embedded_dir
-        from draftsmith.target.tiny_kimi import tiny_kimi_dir
-        from draftsmith.target.tiny_mla import tiny_mla_dir
-
         dirs = {"tiny-mla": tiny_mla_dir, "tiny-kimi": tiny_kimi_dir, "embedded": embedded_dir}
         return dirs[self.size.target](self.s.target.cache_dir)
 
@@ -175,8 +171,6 @@ class Demo:
         self.run_cmd("prepare", ["target", cmd])
 
     def start_server(self) -> None:
-        from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
-
         t = self.settings().target
         model = self.target_dir()
         spec = VLLMServerSpec(model=model, served_name=model.name, port=free_port(), dtype=t.dtype,
@@ -188,9 +182,6 @@ class Demo:
         self.url = self.server.url
 
     def stage_generate(self) -> None:
-        from draftsmith.config import load_settings
-        from draftsmith.generation.enqueue import enqueue
-
         s = load_settings(self.config_file, {"target": {"url": self.url}, "redis": {"url": self.s.redis.url}})
         for pool, n in self.size.pools.items():
             # file order: the tiny targets were trained on the first rows of their pools (target/tiny_mla.py)
@@ -198,9 +189,6 @@ class Demo:
                     say=lambda m: self.say(f"  {m}"), sample_seed=None)
         procs = ["--processes", str(self.size.workers)] if self.size.workers else []
         self.run_cmd("generate", ["worker", "--burst", *procs, "--metrics-port", "0"])
-        from draftsmith.generation.progress import snapshot
-        from draftsmith.jobqueue.queues import connect
-
         snap = snapshot(connect(s.redis.url), s.redis.prefix, self.paths.root)
         self.say(f"  generation: {snap.line()}")
         if snap.done < snap.total:
@@ -231,8 +219,6 @@ class Demo:
 
         SIGTERM/SIGHUP raise like Ctrl-C (:func:`draftsmith.signals.raise_on_sigterm`): the running stage command
         and the target server are stopped, finished stages are kept."""
-        from draftsmith.signals import raise_on_sigterm
-
         raise_on_sigterm()
         if fresh and self.paths.root.exists():
             self.say(f"FRESH: removing {self.paths.root}")

@@ -23,6 +23,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.artifacts import checkpoints, data, features, records
+from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.status import STATUS_DIR
+from draftsmith.artifacts.storage import prepare_run
 from draftsmith.errors import ConfigError
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -50,8 +54,6 @@ class RunPaths:
     def root(self) -> Path:
         """``<runs_dir>/<run>``: a :class:`~pathlib.Path`, or an :class:`upath.UPath` when ``runs_dir`` is an
         object-store URL (:mod:`draftsmith.artifacts.location`)."""
-        from draftsmith.artifacts.location import run_location
-
         return run_location(self.runs_dir) / self.run
 
     @property
@@ -102,8 +104,6 @@ class RunPaths:
     @property
     def status(self) -> Path:
         """``status/``: ``<stage>.json`` progress snapshots."""
-        from draftsmith.artifacts.status import STATUS_DIR
-
         return self.root / STATUS_DIR
 
     @property
@@ -116,43 +116,31 @@ class RunPaths:
     @property
     def records_manifest(self) -> Path:
         """``records/manifest.json`` (:mod:`draftsmith.artifacts.records`)."""
-        from draftsmith.artifacts import records
-
         return records.manifest_path(self.records)
 
     @property
     def data_manifest(self) -> Path:
         """``data/manifest.json`` (:mod:`draftsmith.artifacts.data`)."""
-        from draftsmith.artifacts import data
-
         return data.manifest_path(self.data)
 
     @property
     def data_stats(self) -> Path:
         """``data/stats.json`` (:mod:`draftsmith.artifacts.data`)."""
-        from draftsmith.artifacts import data
-
         return data.stats_path(self.data)
 
     @property
     def vocab(self) -> Path:
         """``data/vocab/`` (:mod:`draftsmith.artifacts.vocab`)."""
-        from draftsmith.artifacts import data
-
         return data.vocab_dir(self.data)
 
     @property
     def features_manifest(self) -> Path:
         """``features/manifest.json`` (:mod:`draftsmith.artifacts.features`)."""
-        from draftsmith.artifacts import features
-
         return features.manifest_path(self.features)
 
     @property
     def checkpoints_latest(self) -> Path:
         """``checkpoints/latest.json`` (:mod:`draftsmith.artifacts.checkpoints`)."""
-        from draftsmith.artifacts import checkpoints
-
         return checkpoints.latest_path(self.checkpoints)
 
     def ensure(self, *folders: Path) -> None:
@@ -162,6 +150,4 @@ class RunPaths:
         Raises:
             StorageError: the object store is unreachable, refuses access or lacks the bucket.
         """
-        from draftsmith.artifacts.storage import prepare_run
-
         prepare_run(self.root, *folders)

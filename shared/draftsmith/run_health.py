@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.location import run_key, run_location
 from draftsmith.artifacts.storage import free_gb as disk_free_gb
+from draftsmith.generation.enqueue import of_run
+from draftsmith.generation.store import done_ids, load_prompts
+from draftsmith.generation.tail import tail_ids
+from draftsmith.jobqueue.liveness import JobState, census
+from draftsmith.jobqueue.queues import get_queue
 
 STALL_MIN_S = 300.0  # no new record for this long (or 10 mean request latencies, if longer) while work is pending
 
@@ -99,18 +104,11 @@ def queue_health(client, prefix: str, run_root: Path) -> QueueHealth:
         redis.RedisError: Redis stopped answering while reading.
         DataError: a shard sidecar is unreadable.
     """
-    from draftsmith.generation.enqueue import of_run
-    from draftsmith.generation.store import done_ids, load_prompts
-    from draftsmith.jobqueue.liveness import JobState, census
-    from draftsmith.jobqueue.queues import get_queue
-
     root = run_location(run_root)
     prompts = set(load_prompts(root / "prompts.jsonl"))
     done = done_ids(root / "records") & prompts
     missing = prompts - done
     out = QueueHealth(total=len(prompts), done=len(done))
-    from draftsmith.generation.tail import tail_ids
-
     tail = missing & tail_ids(client, prefix, root)  # counted there, not in the job that handed them off
     out.tail, missing = len(tail), missing - tail
     jobs = census(get_queue(client, prefix, "generate"), keep=of_run(root))
@@ -139,10 +137,6 @@ def extraction_failures(client, prefix: str, run_root: Any) -> list[tuple[int, s
     Raises:
         redis.RedisError: Redis stopped answering while reading.
     """
-    from draftsmith.artifacts.location import run_key
-    from draftsmith.jobqueue.liveness import JobState, census
-    from draftsmith.jobqueue.queues import get_queue
-
     want = run_key(run_root)
 
     def of_run(job) -> bool:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from draftsmith.errors import Interrupted
+
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -129,8 +131,6 @@ def command(fn: Callable[..., Any], name: str, service: bool) -> Callable[..., A
     Raises:
         Interrupted: a batch command was stopped by a signal.
     """
-    from draftsmith.errors import Interrupted
-
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         _KEPT.clear()

@@ -14,9 +14,14 @@ from pathlib import Path
 
 import typer
 
+from draftsmith.artifacts import checkpoints as ckpt
+from draftsmith.artifacts.location import probe
+from draftsmith.artifacts.report import report_paths
 from draftsmith.artifacts.status import read_snapshots, snapshot_line, snapshot_phase
 from draftsmith.config import Settings
+from draftsmith.generation.progress import ProgressBoard, snapshot
 from draftsmith.paths import RunPaths
+from draftsmith.run_health import diagnose, extraction_line, queue_health
 
 
 @dataclass
@@ -38,9 +43,6 @@ def generation_line(s: Settings, client, snap, run_root: Path) -> tuple[str, boo
     import dataclasses
 
     import redis
-
-    from draftsmith.generation.progress import ProgressBoard
-    from draftsmith.run_health import diagnose, queue_health
 
     health, progress = None, {}
     if client is not None and snap.phase != "done":
@@ -67,12 +69,8 @@ def collect_status(s: Settings) -> RunStatus:
     """Read the run's status from Redis (generation) and the stage snapshots (every other stage)."""
     import redis
 
-    from draftsmith.generation.progress import ProgressBoard, snapshot
-
     paths = RunPaths(s.runs_dir, s.run)
     out = RunStatus()
-    from draftsmith.artifacts.location import probe
-
     probe(paths.root)  # a store that is away or refuses: one line, not a traceback from its client (a path: no-op)
     if not paths.root.exists():
         out.lines.append(f"run {s.run}: nothing under {paths.root} yet (phase: not started)")
@@ -98,8 +96,6 @@ def collect_status(s: Settings) -> RunStatus:
         if phase not in ("done", "failed", "skipped"):
             out.finished = False
     if client is not None:
-        from draftsmith.run_health import extraction_line
-
         try:
             if (line := extraction_line(client, s.redis.prefix, paths.root, s.run)) is not None:
                 out.lines.append(line)
@@ -113,9 +109,6 @@ def made_by(paths: RunPaths) -> list[str]:
     """``made by ...`` lines: the ``code_version`` stamped in each artifact of the run that has one
     (:mod:`draftsmith.artifacts.provenance`), one line when they agree, one per artifact when they do not."""
     import json
-
-    from draftsmith.artifacts import checkpoints as ckpt
-    from draftsmith.artifacts.report import report_paths
 
     files = {"records": paths.records_manifest, "data": paths.data_manifest, "features": paths.features_manifest,
              "eval": report_paths(paths.eval)["json"]}

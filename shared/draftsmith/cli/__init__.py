@@ -12,7 +12,10 @@ from typing import Any
 
 import typer
 
-from draftsmith.errors import DraftsmithError
+from draftsmith.config import load_settings, secrets_of
+from draftsmith.errors import DraftsmithError, Interrupted, is_disk_full
+from draftsmith.log import setup_logging
+from draftsmith.signals import command
 
 app = typer.Typer(
     name="draftsmith",
@@ -45,9 +48,6 @@ def settings(**overrides: Any):
     Raises:
         ConfigError: see :func:`draftsmith.config.load_settings`.
     """
-    from draftsmith.config import load_settings, secrets_of
-    from draftsmith.log import setup_logging
-
     if _STATE.get("log_level"):
         overrides = {**overrides, "log_level": _STATE["log_level"].upper()}
     s = load_settings(_STATE.get("config"), overrides)
@@ -66,8 +66,6 @@ SERVICES = frozenset({"worker", "queue-exporter", "target serve"})
 def _apply_signal_convention(typer_app: typer.Typer, prefix: str = "") -> list[str]:
     """Wrap every command of ``typer_app`` (and of its sub-apps) with :func:`draftsmith.signals.command`; returns
     the full names of the commands wrapped (``"target serve"``)."""
-    from draftsmith.signals import command
-
     names = []
     for info in typer_app.registered_commands:
         name = prefix + (info.name or info.callback.__name__.lower().replace("_", "-"))
@@ -84,8 +82,6 @@ COMMANDS = _apply_signal_convention(app)
 def main() -> None:
     """Console entry point: user errors print one line and exit with code 2; a signal ends a command as
     :data:`SERVICES` and :func:`draftsmith.signals.command` say; bugs keep their traceback."""
-    from draftsmith.errors import Interrupted
-
     try:
         app()
     except Interrupted as e:  # plain print: a path in the line must not be read as rich markup
@@ -97,8 +93,6 @@ def main() -> None:
         Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {e}")
         sys.exit(e.exit_code)
     except OSError as e:
-        from draftsmith.errors import is_disk_full
-
         if not is_disk_full(e):
             raise
         where = f" writing {e.filename}" if getattr(e, "filename", None) else ""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.config import describe_fields, key_kinds, settings_to_yaml
+from draftsmith.errors import ConfigError
 
 
 @app.command("config")
@@ -19,9 +21,6 @@ def config_cmd(
     does the work and is read from that service's own environment (docs/configuration.md)."""
     from rich.console import Console
     from rich.table import Table
-
-    from draftsmith.config import describe_fields, key_kinds, settings_to_yaml
-    from draftsmith.errors import ConfigError
 
     if kind not in (None, "run", "host"):
         raise ConfigError(f"--kind {kind} is not a kind of key", "pass --kind run or --kind host")

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from draftsmith.artifacts.demo import DEMO_STATE_FILE
 from draftsmith.cli import app, settings
+from draftsmith.demo import Demo
+from draftsmith.demo_sizes import SIZES
+from draftsmith.errors import ConfigError
+from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
 
 
@@ -19,15 +24,8 @@ def demo(
 ) -> None:
     """Prepare and serve SmolLM2 on vLLM CPU, regenerate the bundled prompts, build data, extract, train,
     export and evaluate the drafter in vLLM; resumes finished stages."""
-    from draftsmith.demo import Demo
-    from draftsmith.demo_sizes import SIZES
-    from draftsmith.errors import ConfigError
-
     if size not in SIZES:
         raise ConfigError(f"unknown demo size {size!r}", f"use one of: {', '.join(SIZES)}")
     s = settings(run=run)
-    from draftsmith.artifacts.demo import DEMO_STATE_FILE
-    from draftsmith.paths import RunPaths
-
     keep(f"the finished stages in {RunPaths(s.runs_dir, s.run).root} ({DEMO_STATE_FILE})")
     Demo(s, SIZES[size].for_this_machine(), say=lambda m: typer.echo(m)).run(fresh=fresh)

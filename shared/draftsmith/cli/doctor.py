@@ -8,8 +8,13 @@ from pathlib import Path
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.doctor.finding import ranked
+from draftsmith.doctor.run import RunView
+from draftsmith.errors import ModelError
 from draftsmith.generation.store import pull_records
+from draftsmith.paths import RunPaths
 from draftsmith.staging import staged
+from draftsmith.target.checkpoint import target_checkpoint
 
 PULLED = ("prompts.jsonl", "data", "checkpoints", "export", "eval", "status", "config.yaml")
 
@@ -27,12 +32,6 @@ def doctor_cmd(
     vocabulary coverage, the context and temperature, the chat template, the train/serve gap, the traffic, the data size
     (the run's learning curve). Says which checks needed the server. Exit 0: nothing found; 1: findings; 2: bad input."""
     from draftsmith.doctor.diagnose import diagnose, export_versions, print_report, report, write_json
-    from draftsmith.doctor.finding import ranked
-    from draftsmith.doctor.run import RunView
-    from draftsmith.errors import ModelError
-    from draftsmith.paths import RunPaths
-    from draftsmith.target.checkpoint import target_checkpoint
-
     s = settings(run=run)
     try:
         settings_target = target_checkpoint(s)

@@ -7,8 +7,14 @@ from pathlib import Path
 
 import typer
 
+from draftsmith.artifacts.location import mask_url, run_location
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.config import adopt_recorded
+from draftsmith.features.layers import parse_layer_ids
+from draftsmith.features.queue import RUN_SECTIONS, enqueue_shards
+from draftsmith.log import get_logger
+from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
 
 
@@ -30,18 +36,10 @@ def extract_cmd(
     use their own backend, device and tensor/expert parallel settings (docs/configuration.md)."""
     from draftsmith.features.on_store import feature_store
     from draftsmith.features.store import write_status
-    from draftsmith.paths import RunPaths
-
     layer_list = [int(x) for x in layers.split(",")] if layers else None
     if layers:
-        from draftsmith.features.layers import parse_layer_ids
-
         parse_layer_ids(layers, 10**6)  # shape check only; range is checked against the target below
     s = settings(run=run, extract={"backend": backend, "layers": layer_list, "dtype": dtype})
-    from draftsmith.artifacts.location import mask_url, run_location
-    from draftsmith.config import adopt_recorded
-    from draftsmith.features.queue import RUN_SECTIONS
-
     s, adopted = adopt_recorded(s, run_location(s.runs_dir) / s.run, RUN_SECTIONS)
     if adopted:
         typer.echo(
@@ -69,8 +67,6 @@ def extract_cmd(
     if sync:
         extract_here(s, store, plan, pending, paths.status)
         return
-    from draftsmith.features.queue import enqueue_shards
-
     ids = enqueue_shards(s, str(store.root), pending)
     typer.echo(
         f"enqueued {len(ids)} extraction jobs on {s.redis.prefix}:extract; run `draftsmith worker "
@@ -113,12 +109,9 @@ def plan_pending(s, store, sync: bool) -> tuple:
         DataError: the store holds features made with other settings; DiskSpaceError: the working copy's disk lacks
             room; StorageError: the object store failed.
     """
-    from draftsmith.artifacts.location import mask_url
     from draftsmith.features.on_store import plan_of
     from draftsmith.features.plan import check_disk
     from draftsmith.features.store import check_compatible
-    from draftsmith.log import get_logger
-
     log = get_logger("draftsmith.extract")
     where = mask_url(store.key)
     plan = plan_of(store, s)

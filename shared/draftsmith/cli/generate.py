@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import typer
 
+import draftsmith.generation.jobs  # noqa: F401  (registers its pool hooks for the worker; inherited by forks)
 from draftsmith.cli import app, settings
+from draftsmith.cli.data import _tokenizer_path
 from draftsmith.cli.options import setting_option
+from draftsmith.config import secret_value
+from draftsmith.data.render import load_tokenizer
+from draftsmith.generation.enqueue import enqueue as do_enqueue
+from draftsmith.generation.selfprompts import synthesize, user_turn_prefix
+from draftsmith.jobqueue.pool import run_pool
+from draftsmith.jobqueue.queues import queue_name
+from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
+from draftsmith.status import print_status, watch_status
+from draftsmith.target.server import resolve_model
 
 
 @app.command()
@@ -26,8 +37,6 @@ def enqueue(
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and report; enqueue nothing."),
 ) -> None:
     """Extract unique prompts and enqueue the pending ones as generation jobs."""
-    from draftsmith.generation.enqueue import enqueue as do_enqueue
-
     s = settings(run=run, target={"url": url, "model": model},
                  generation={"batch_size": batch_size, "max_tokens": max_tokens})
     do_enqueue(s, source, limit, s.generation.batch_size, dry_run=dry_run, split=split,
@@ -47,13 +56,6 @@ def self_prompts(
 ) -> None:
     """Have the target write user requests itself (Magpie), as a prompt pool to enqueue (--source that file)."""
     from pathlib import Path
-
-    from draftsmith.cli.data import _tokenizer_path
-    from draftsmith.config import secret_value
-    from draftsmith.data.render import load_tokenizer
-    from draftsmith.generation.selfprompts import synthesize, user_turn_prefix
-    from draftsmith.paths import RunPaths
-    from draftsmith.target.server import resolve_model
 
     s = settings(run=run, target={"url": url, "model": model})
     path = Path(out) if out else RunPaths(s.runs_dir, s.run).self_prompts
@@ -79,10 +81,6 @@ def worker(
     metrics_addr: str = setting_option("metrics.addr", "--metrics-addr"),
 ) -> None:
     """Run the rq worker pool (generation and/or extraction jobs)."""
-    import draftsmith.generation.jobs  # noqa: F401  (registers its pool hooks; loaded once here, inherited by forks)
-    from draftsmith.jobqueue.pool import run_pool
-    from draftsmith.jobqueue.queues import queue_name
-
     s = settings(generation={"concurrency": concurrency})
     stages = [q.strip() for q in queues.split(",") if q.strip()]
     for st in stages:
@@ -101,8 +99,6 @@ def status(
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between refreshes with --watch."),
 ) -> None:
     """Print the phase and progress of a run's stages (generation from Redis or disk; others from snapshots)."""
-    from draftsmith.status import print_status, watch_status
-
     s = settings(run=run)
     if watch:
         watch_status(s, interval)

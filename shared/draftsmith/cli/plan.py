@@ -14,6 +14,9 @@ from pathlib import Path
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.errors import ConfigError
+from draftsmith.sizing import Host, Job, detect_host, plan_job
+from draftsmith.target.checkpoint import target_checkpoint
 
 # .env variable -> the config key's variable, as compose.yaml / compose.gpu.yaml map it for the services
 # (tests/test_plan.py checks each pair against the compose files)
@@ -36,8 +39,6 @@ def env_file_variables(path: Path | str) -> dict[str, str]:
         ConfigError: the file exists but cannot be read.
     """
     from dotenv import dotenv_values
-
-    from draftsmith.errors import ConfigError
 
     path = Path(path)
     if not path.is_file():
@@ -103,9 +104,6 @@ def plan_cmd(
     Reads the settings the services get from ``.env`` (``DRAFTSMITH_*`` lines, and ``MAX_MODEL_LEN``,
     ``TRUST_REMOTE_CODE``, ``EXTRACT_GPUS``, ... as compose maps them; :func:`env_file_variables`), so its fix lines
     and the file they point at agree."""
-    from draftsmith.sizing import Host, Job, detect_host, plan_job
-    from draftsmith.target.checkpoint import target_checkpoint
-
     env_file = env_file or Path(os.environ.get("ENV_FILE") or ".env")
     added = apply_env_file(env_file)
     if added:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from draftsmith.cli import app, settings
+from draftsmith.jobqueue.exporter import run_exporter
+from draftsmith.jobqueue.queues import connect
 
 
 @app.command("queue-exporter")
@@ -13,9 +15,6 @@ def queue_exporter(
     interval: float = typer.Option(5.0, "--interval", min=0.5, help="Seconds between reads of the rq queues."),
 ) -> None:
     """Export rq queue depth, running and failed jobs, and workers alive as Prometheus metrics."""
-    from draftsmith.jobqueue.exporter import run_exporter
-    from draftsmith.jobqueue.queues import connect
-
     s = settings()
     run_exporter(connect(s.redis.url), s.redis.prefix, port if port is not None else s.metrics.port, interval,
                  addr=s.metrics.addr)

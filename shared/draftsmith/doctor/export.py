@@ -24,6 +24,9 @@ from draftsmith.artifacts.export import (
 from draftsmith.artifacts.features import MANIFEST_FILE as FEATURES_MANIFEST
 from draftsmith.doctor.finding import CheckResult, Finding, skipped
 from draftsmith.doctor.run import RunView
+from draftsmith.drafter.config import rope_of, same_rope
+from draftsmith.errors import ModelError
+from draftsmith.features.layers import sglang_reads
 
 CHECK = "export"
 
@@ -65,8 +68,6 @@ def expected_weights(cfg) -> set[str]:
 
 
 def _aux_ids(run: RunView, folder: Path, layout: str, config: dict) -> list[Finding]:
-    from draftsmith.features.layers import sglang_reads
-
     trained = (run.features_manifest or {}).get("layer_ids") or (
         list(run.drafter_config.layer_ids) if run.drafter_config else None)
     if not trained:
@@ -126,8 +127,6 @@ def _weights(run: RunView, folder: Path, layout: str, config: dict, weights: dic
 
 def _vocab(run: RunView, folder: Path, config: dict, weights: dict) -> list[Finding]:
     from draftsmith.drafter.load import vocab_maps
-    from draftsmith.errors import ModelError
-
     if run.draft_vocab is None or run.target_config is None:
         return []
     d2t_run, _ = run.draft_vocab
@@ -151,8 +150,6 @@ def _vocab(run: RunView, folder: Path, config: dict, weights: dict) -> list[Find
 
 
 def _rope(run: RunView, folder: Path, layout: str, config: dict) -> list[Finding]:
-    from draftsmith.drafter.config import rope_of, same_rope
-
     layer = layer_fields(config, layout)
     if run.drafter_config is None:
         return []

@@ -17,12 +17,14 @@ from typing import Any
 from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as features_artifact
 from draftsmith.artifacts import records as records_artifact
+from draftsmith.artifacts import vocab
 from draftsmith.artifacts.export import LAYOUTS, layout_dir
 from draftsmith.artifacts.report import read_report
 from draftsmith.artifacts.status import snapshot_path
+from draftsmith.drafter.config import DraftConfig
 from draftsmith.errors import DraftsmithError
 from draftsmith.log import get_logger
-from draftsmith.target.checkpoint import target_config_path
+from draftsmith.target.checkpoint import read_target_config, target_config_path
 
 log = get_logger(__name__)
 
@@ -98,8 +100,6 @@ class RunView:
     @cached_property
     def drafter_config(self):
         """The :class:`~draftsmith.drafter.config.DraftConfig` the drafter was trained with, or None."""
-        from draftsmith.drafter.config import DraftConfig
-
         return DraftConfig.from_dict(self.state["drafter"]) if self.state else None
 
     @property
@@ -131,8 +131,6 @@ class RunView:
     @cached_property
     def target_config(self) -> dict[str, Any] | None:
         """The target's text config, or None."""
-        from draftsmith.target.checkpoint import read_target_config
-
         return read_target_config(self.target, text=True) if self.target else None
 
     @cached_property
@@ -170,7 +168,6 @@ class RunView:
     def draft_vocab(self):
         """``(d2t [N], t2d [V])`` of the run's draft vocabulary (the size the drafter was trained with, else the
         only one in ``data/vocab``), or None."""
-        from draftsmith.artifacts import vocab
         from draftsmith.drafter.vocab import load_draft_vocab
 
         vdir = self.root / "data" / data_artifact.VOCAB_DIR

@@ -12,6 +12,7 @@ from __future__ import annotations
 from draftsmith.doctor.finding import CheckResult, Finding, skipped
 from draftsmith.doctor.run import RunView
 from draftsmith.doctor.spans import first_difference, match, record_of
+from draftsmith.errors import TargetUnavailable
 
 CHECK = "template"
 LIVE = "template_live"  # the live round trip's result; its findings name the cause "template" as the offline one
@@ -78,8 +79,6 @@ def live(run: RunView, url: str, timeout_s: float = 30.0) -> CheckResult:
         TargetUnavailable: the server does not answer or has no ``/tokenize``.
     """
     import httpx
-
-    from draftsmith.errors import TargetUnavailable
 
     base = url.rstrip("/").removesuffix("/v1")
     pairs = [(sid, ids) for sid, (ids, _) in run.samples.items() if record_of(sid) in run.records][:LIVE_SAMPLES]

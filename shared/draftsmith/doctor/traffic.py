@@ -17,6 +17,8 @@ from collections import Counter
 
 from draftsmith.doctor.finding import CheckResult, Finding, skipped
 from draftsmith.doctor.run import RunView
+from draftsmith.errors import DataError
+from draftsmith.evaluation.sets import load_set
 
 CHECK = "traffic"
 LOW_ACCEPTANCE = 0.6  # a set below this share of the sets' median acceptance rate
@@ -49,9 +51,6 @@ def nearest_similarity(queries: list[str], corpus: list[str]) -> list[float]:
 
 def check(run: RunView) -> CheckResult:
     """Per-set acceptance against the nearness of the set's prompts to the training prompts."""
-    from draftsmith.errors import DataError
-    from draftsmith.evaluation.sets import load_set
-
     rep = run.report or {}
     sets = ((rep.get("results") or [{}])[0].get("sets")) or {}
     train = [next((m["content"] for m in r.get("messages") or [] if m.get("role") == "user"), "")

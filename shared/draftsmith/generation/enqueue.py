@@ -18,17 +18,25 @@ from typing import Any
 from rq import Retry
 
 from draftsmith.artifacts.location import run_key
+from draftsmith.artifacts.run_settings import record
 from draftsmith.artifacts.storage import atomic_write_text, check_disk
-from draftsmith.config import Settings
+from draftsmith.config import Settings, adopt_recorded, run_settings
 from draftsmith.generation.job_ids import JOB_FUNC, RESULT_TTL_S, RUN_SECTIONS, job_id_for
 from draftsmith.generation.progress import ProgressBoard
 from draftsmith.generation.sources import extract_prompts
 from draftsmith.generation.store import done_ids, load_prompts, rebuild_manifest, sweep_records
+from draftsmith.generation.tail import enqueue_tail, tail_ids
 from draftsmith.jobqueue.liveness import ALIVE, JobState, census, requeue_orphan, settle
-from draftsmith.jobqueue.queues import fetch_job
+from draftsmith.jobqueue.queues import connect, fetch_job, get_queue
 from draftsmith.log import get_logger
 from draftsmith.paths import RunPaths
-from draftsmith.target.defaults import generation_job_timeout_s, job_timeout_warning
+from draftsmith.target.defaults import (
+    apply_generation_defaults,
+    generation_job_timeout_s,
+    job_timeout_warning,
+    target_folder_or_none,
+)
+from draftsmith.target.server import resolve_model, served_context
 
 log = get_logger(__name__)
 
@@ -56,8 +64,6 @@ def job_settings(s: Settings) -> dict[str, Any]:
     length, sampling, batch size, served model name), as JSON. The host's part (target URL and API key, Redis,
     concurrency, timeouts, retries, paths) comes from the worker's own environment, so no secret travels in a job
     (rq keeps job kwargs in Redis for days, and Redis may persist them to disk)."""
-    from draftsmith.config import run_settings
-
     return run_settings(s)
 
 
@@ -79,8 +85,6 @@ def active_prompt_ids(queue, run_root: Path) -> set[str]:
     """Prompt ids held by this run's jobs that are alive: waiting, running on a live worker, just dequeued, or
     scheduled for a retry (:func:`draftsmith.jobqueue.liveness.census`), and those on the run's tail list
     (:func:`draftsmith.generation.tail.tail_ids`); a dead worker's job is not counted."""
-    from draftsmith.generation.tail import tail_ids
-
     jobs = census(queue, keep=of_run(run_root))
     prefix = queue.name.rsplit(":", 1)[0]  # the queue is ``<prefix>:generate`` (queues.queue_name)
     return prompt_ids(job for state, job in jobs.jobs.values() if state in ALIVE) | tail_ids(
@@ -101,8 +105,6 @@ def warn_context(s: Settings, model: str, prompts: list[dict], say) -> int:
     Returns:
         How many of ``prompts`` may not fit (0 when the server does not report its context).
     """
-    from draftsmith.target.server import served_context
-
     ctx = served_context(s.target.url, model, s.target.api_key)
     if not ctx or not prompts:
         return 0
@@ -142,11 +144,6 @@ def enqueue(s: Settings, source: str | None, limit: int | None, batch_size: int,
     Raises:
         SourceError, TargetUnavailable, ModelNotServed, DiskSpaceError, QueueError: see their messages.
     """
-    from draftsmith.config import adopt_recorded
-    from draftsmith.jobqueue.queues import connect, get_queue
-    from draftsmith.target.defaults import apply_generation_defaults, target_folder_or_none
-    from draftsmith.target.server import resolve_model
-
     paths = RunPaths(s.runs_dir, s.run)
     s, adopted = adopt_recorded(s, paths.root, RUN_SECTIONS)
     if adopted:
@@ -244,8 +241,6 @@ def _active_prompts(queue, jobs, client, prefix: str, paths: RunPaths, report: E
                     say: Callable[[str], None]) -> set[str]:
     """Ids of the prompts some job will still answer: the queued and running jobs', the orphans' (requeued here:
     their worker is gone), and the prompts handed off to a tail job."""
-    from draftsmith.generation.tail import tail_ids
-
     orphans = jobs.of(JobState.ORPHANED)
     for job in orphans:
         requeue_orphan(queue, job)
@@ -261,9 +256,6 @@ def _submit(s: Settings, queue, jobs, client, paths: RunPaths, pending: list[str
             report: EnqueueReport) -> None:
     """Enqueue ``pending`` in jobs of ``batch_size`` prompts (a job id per prompt set, so a second enqueue finds
     its job), then the tail jobs whose prompts no job answers any more; their ids go to ``report.jobs``."""
-    from draftsmith.artifacts.run_settings import record
-    from draftsmith.generation.tail import enqueue_tail
-
     settings_json = job_settings(s)
     if changed := record(paths.root, settings_json, RUN_SECTIONS):
         log.warning("the run's settings change (%s): jobs still queued with the old values will be refused",

@@ -24,7 +24,7 @@ from draftsmith.artifacts.location import run_location
 from draftsmith.artifacts.records import RECORD_SCHEMA
 from draftsmith.artifacts.run_settings import check_job
 from draftsmith.config import Settings, run_settings, secret_value, settings_for_job
-from draftsmith.errors import DiskSpaceError, TransientFailures
+from draftsmith.errors import DiskSpaceError, TargetUnavailable, TransientFailures
 from draftsmith.generation.client import ChatClient, ChatError, token_id_request, warm_http
 from draftsmith.generation.job_ids import RUN_SECTIONS
 from draftsmith.generation.progress import ProgressBoard, ProgressTally
@@ -33,9 +33,10 @@ from draftsmith.generation.store import write_shard
 from draftsmith.generation.tail import enqueue_tail, hand_off, handed_off
 from draftsmith.jobqueue.hooks import at_pool_start, before_job
 from draftsmith.jobqueue.inflight import InflightCap, LeaseBroker
-from draftsmith.jobqueue.queues import get_queue
+from draftsmith.jobqueue.queues import connect, get_queue
 from draftsmith.log import get_logger
 from draftsmith.target.defaults import derived_request_timeout_s, generation_job_timeout_s, retry_budget_s
+from draftsmith.target.server import served_engine
 
 log = get_logger(__name__)
 
@@ -206,9 +207,6 @@ class ShardWriter:
 async def _engine(url: str, model: str, api_key: str | None) -> str | None:
     """The engine serving ``model`` (:func:`draftsmith.target.server.served_engine`), said once in the log when it
     costs the stream; None when the server cannot be asked (the requests then say why)."""
-    from draftsmith.errors import TargetUnavailable
-    from draftsmith.target.server import served_engine
-
     try:
         engine = await asyncio.to_thread(served_engine, url, model, api_key)
     except TargetUnavailable:
@@ -416,6 +414,4 @@ def _redis(s: Settings):
     job = get_current_job()
     if job is not None:
         return job.connection
-    from draftsmith.jobqueue.queues import connect
-
     return connect(s.redis.url)

@@ -16,6 +16,7 @@ import redis
 
 from draftsmith.artifacts.location import run_key, run_location
 from draftsmith.generation.store import load_prompts, record_tally
+from draftsmith.jobqueue.inflight import InflightCap
 
 
 def progress_key(prefix: str, run_root: Path) -> str:
@@ -146,8 +147,6 @@ def snapshot(client: redis.Redis | None, prefix: str, run_root: Path) -> Progres
     ``in_flight`` is the generate stage's live lease count (:class:`~draftsmith.jobqueue.inflight.InflightCap`),
     0 without Redis.
     """
-    from draftsmith.jobqueue.inflight import InflightCap
-
     run_root = run_location(run_root)
     h: dict[str, str] = {}
     in_flight = 0

@@ -28,6 +28,7 @@ import httpx
 
 from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import ConfigError, DataError, TargetUnavailable
+from draftsmith.evaluation.sets import KNOWN_SETS, load_set
 from draftsmith.generation.sources import template_markup
 from draftsmith.log import get_logger
 
@@ -83,8 +84,6 @@ class EvalOverlap:
     @classmethod
     def bundled(cls) -> EvalOverlap:
         """The check against every bundled eval set (:data:`draftsmith.evaluation.sets.KNOWN_SETS`)."""
-        from draftsmith.evaluation.sets import KNOWN_SETS, load_set
-
         return cls(t for name in KNOWN_SETS for p in load_set(name).prompts for t in p.turns)
 
     def hits(self, text: str) -> bool:

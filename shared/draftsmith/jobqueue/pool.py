@@ -21,6 +21,11 @@ from rq.worker_pool import WorkerPool
 
 from draftsmith.config import Settings
 from draftsmith.errors import DiskSpaceError, StorageError
+from draftsmith.jobqueue.exporter import queue_stats
+from draftsmith.jobqueue.hooks import run_at_pool_start
+from draftsmith.jobqueue.inflight import InflightCap
+from draftsmith.jobqueue.queues import connect, get_queue
+from draftsmith.jobqueue.worker import DISK_FULL_EXIT, NO_RUN_FOLDER_EXIT, DraftsmithWorker, ResidentWorker
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -38,9 +43,6 @@ class QueueCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         from draftsmith import metrics as M
-        from draftsmith.jobqueue.exporter import queue_stats
-        from draftsmith.jobqueue.queues import get_queue
-
         fams = {k: GaugeMetricFamily(g._name, g._documentation, labels=["queue"]) for k, g in (
             ("waiting", M.QUEUE_DEPTH), ("started", M.QUEUE_STARTED), ("failed", M.QUEUE_FAILED),
             ("workers", M.WORKERS_ALIVE))}
@@ -110,8 +112,6 @@ class DraftsmithPool(WorkerPool):
     def handle_dead_worker(self, worker_data) -> None:
         """rq's bookkeeping, plus: drop the dead worker's live metrics; stop the pool after a full disk."""
         from draftsmith import metrics as M
-        from draftsmith.jobqueue.worker import DISK_FULL_EXIT, NO_RUN_FOLDER_EXIT
-
         super().handle_dead_worker(worker_data)
         if M.multiprocess_enabled():
             from prometheus_client import multiprocess
@@ -144,8 +144,6 @@ def default_processes(s: Settings, stages: list[str]) -> int:
 def worker_class(stages: list[str]):
     """The worker class for a pool over ``stages``: resident (jobs run in the worker process, so the extraction
     target is loaded once per worker) for a pool that only extracts; forking (a work-horse per job) otherwise."""
-    from draftsmith.jobqueue.worker import DraftsmithWorker, ResidentWorker
-
     return ResidentWorker if set(stages) == {"extract"} else DraftsmithWorker
 
 
@@ -180,9 +178,6 @@ def run_pool(s: Settings, stages: list[str], processes: int | None, burst: bool 
     prepare_multiprocess_dir(mp_dir)
     from rq.serializers import JSONSerializer
 
-    from draftsmith.jobqueue.hooks import run_at_pool_start
-    from draftsmith.jobqueue.inflight import InflightCap
-    from draftsmith.jobqueue.queues import connect, get_queue
     from draftsmith.metrics import serve_metrics
 
     run_at_pool_start()  # the stages' imports and warm-ups, done once here and inherited by every fork (hooks.py)

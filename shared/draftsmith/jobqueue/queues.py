@@ -11,6 +11,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from draftsmith.config import redact_url
 from draftsmith.errors import QueueError
 
 STAGES = ("generate", "extract")
@@ -22,8 +23,6 @@ def connect(url: str) -> redis.Redis:
     Raises:
         QueueError: Redis does not answer (the message says how to start it).
     """
-    from draftsmith.config import redact_url
-
     client = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
     shown = redact_url(url)  # the message is printed and logged: never the password
     try:

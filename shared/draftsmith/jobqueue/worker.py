@@ -21,8 +21,11 @@ from pathlib import Path
 from rq.scheduler import RQScheduler
 from rq.worker import SimpleWorker, Worker
 
-from draftsmith.errors import DiskSpaceError, StorageError
-from draftsmith.jobqueue.hooks import run_before_job
+from draftsmith.artifacts.storage import check_disk, reachable_here
+from draftsmith.config import load_settings
+from draftsmith.errors import DiskSpaceError, DraftsmithError, StorageError, TransientFailures
+from draftsmith.jobqueue.hooks import idle_hooks, run_before_job, run_idle_hook
+from draftsmith.jobqueue.inflight import InflightCap
 from draftsmith.log import get_logger
 
 log = get_logger(__name__)
@@ -172,8 +175,6 @@ class _DraftsmithWork:
         """A user-facing failure of a job (a full disk, prompts to retry) is one line; anything else keeps rq's
         full report with its traceback. A failure marked ``retryable = False`` (a job refused for its run settings,
         :class:`draftsmith.errors.RunSettingsMismatch`) fails for good at once, whatever retries the job has left."""
-        from draftsmith.errors import DraftsmithError, TransientFailures
-
         exc = exc_info[1] if len(exc_info) > 1 else None
         if not isinstance(exc, DraftsmithError | TransientFailures):
             return super().handle_exception(job, *exc_info)
@@ -238,8 +239,6 @@ class ResidentWorker(_DraftsmithWork, SimpleWorker):
         import math
         import time
 
-        from draftsmith.jobqueue.hooks import idle_hooks, run_idle_hook
-
         pending = idle_hooks()
         if timeout is None or not pending:  # a burst worker ends on an empty queue: nothing to free early
             return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
@@ -299,8 +298,6 @@ def requeue_at_front(queue, job) -> None:
 def own_min_free_gb() -> float:
     """This worker's ``generation.min_free_disk_gb``: a host setting, from the worker's own environment (a job
     carries only the run's settings); read once, the environment does not change under a running worker."""
-    from draftsmith.config import load_settings
-
     return load_settings().generation.min_free_disk_gb
 
 
@@ -313,8 +310,6 @@ def check_job_disk(job) -> None:
     root = kw.get("run_root")
     if not root:
         return
-    from draftsmith.artifacts.storage import check_disk, reachable_here
-
     if not reachable_here(root):
         raise StorageError(f"the run folder {root} of job {job.id} is not on this host",
                            "mount the same runs/ at the same absolute path on every worker host, or put the run "
@@ -326,8 +321,6 @@ def check_job_disk(job) -> None:
 def release_dead_process(connection, job, pid: int) -> None:
     """Return the leases of dead process ``pid`` and mark it dead for the multiprocess metrics."""
     from draftsmith import metrics as M
-    from draftsmith.jobqueue.inflight import InflightCap
-
     prefix = (job.origin or "").rsplit(":", 1)[0] or "draftsmith"  # its queue is ``<redis.prefix>:<stage>``
     try:
         n = InflightCap(connection, prefix, 1).release_owner(pid)

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftsmith.artifacts.data import STATS_FILE
+from draftsmith.errors import ModelError
 from draftsmith.log import get_logger
-from draftsmith.target.checkpoint import target_config_path
+from draftsmith.target.checkpoint import target_checkpoint, target_config_path
+from draftsmith.target.profile import target_profile
 
 if TYPE_CHECKING:
     from draftsmith.config import Settings
@@ -46,8 +48,6 @@ def recommended_sampling(folder: Path | str) -> dict[str, float | int]:
     Raises:
         ModelError: the file is not JSON.
     """
-    from draftsmith.errors import ModelError
-
     path = Path(folder) / GENERATION_CONFIG
     if not path.is_file():
         return {}
@@ -80,8 +80,6 @@ def _chat_template(folder: Path) -> str:
 def reasoning_evidence(folder: Path | str) -> str | None:
     """Why the target of ``folder`` is a reasoning one (its profile's reasoning parser, or ``<think>`` in its chat
     template), or None when nothing says so."""
-    from draftsmith.target.profile import target_profile
-
     folder = Path(folder)
     # a tokenizer-only folder has no config.json to profile; its chat template still tells
     prof = target_profile(folder) if target_config_path(folder).is_file() else None
@@ -178,9 +176,6 @@ def apply_data_defaults(s: Settings, folder: Path | str) -> list[str]:
 def target_folder_or_none(s: Settings) -> Path | None:
     """The target checkpoint folder of ``s`` when it can be read here (``target.path``, or the prepared embedded
     default), else None: a generator host without the checkpoint keeps the config's own sampling."""
-    from draftsmith.errors import ModelError
-    from draftsmith.target.checkpoint import target_checkpoint
-
     try:
         return target_checkpoint(s)
     except ModelError as e:

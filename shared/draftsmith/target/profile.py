@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import ModelError
+from draftsmith.target.checkpoint import read_target_config, target_config_path
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,6 @@ def target_profile(folder: Path | str) -> TargetProfile:
     Raises:
         ModelError: the folder has no ``config.json``, or a config file is not JSON.
     """
-    from draftsmith.target.checkpoint import read_target_config, target_config_path
-
     folder = Path(folder)
     if not target_config_path(folder).is_file():
         raise ModelError(f"{folder} has no {target_config_path(folder).name}", "point at the target's checkpoint "

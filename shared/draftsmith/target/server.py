@@ -22,8 +22,11 @@ from pathlib import Path
 
 import httpx
 
-from draftsmith.errors import EngineError
+from draftsmith.config import secret_value
+from draftsmith.errors import EngineError, ModelNotServed, TargetAuthError, TargetUnavailable
 from draftsmith.log import get_logger
+from draftsmith.signals import raise_on_sigterm
+from draftsmith.target.checkpoint import read_target_config, target_config_path
 
 log = get_logger(__name__)
 
@@ -54,8 +57,6 @@ def cpu_env(base: dict[str, str] | None = None, kv_cache_gib: int = 2) -> dict[s
 
 def target_uses_mla(model: Path) -> bool:
     """True when the checkpoint at ``model`` uses multi-head latent attention (``kv_lora_rank`` in its config)."""
-    from draftsmith.target.checkpoint import read_target_config, target_config_path
-
     if not target_config_path(model).is_file():
         return False
     return read_target_config(model, text=True).get("kv_lora_rank") is not None
@@ -208,8 +209,6 @@ class VLLMServer:
 
     def start(self, timeout_s: float = 900.0, progress_every_s: float = 10.0) -> VLLMServer:
         """Start the server and block until ``/v1/models`` answers (logging every ``progress_every_s``)."""
-        from draftsmith.signals import raise_on_sigterm
-
         raise_on_sigterm()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.spec.command()
@@ -324,8 +323,6 @@ def group_alive(pgid: int) -> bool:
 
 def auth_headers(api_key) -> dict[str, str]:
     """``Authorization: Bearer`` for an API key given as ``SecretStr`` (``target.api_key``), a string, or None."""
-    from draftsmith.config import secret_value
-
     key = secret_value(api_key)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
@@ -352,8 +349,6 @@ def models_served(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
         TargetAuthError: the server answers 401/403 (wrong or missing API key; the key itself is never printed).
         TargetUnavailable: nothing answers at ``url``.
     """
-    from draftsmith.errors import TargetAuthError, TargetUnavailable
-
     headers = auth_headers(api_key)
     try:
         r = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=timeout_s, headers=headers)
@@ -424,8 +419,6 @@ def resolve_model(url: str, wanted: str | None, api_key: str | None = None) -> s
         TargetUnavailable: the server does not answer.
         ModelNotServed: ``wanted`` is not served (the message lists what is), or several are and none was named.
     """
-    from draftsmith.errors import ModelNotServed
-
     names = served_models(url, api_key)
     if wanted:
         if wanted in names:
