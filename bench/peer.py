@@ -1,21 +1,27 @@
 """draftsmith's drafter against the peer trainer's (speculators), trained on the same data and measured in vLLM.
 
-Both sides get the same samples (a draftsmith run's ``data/``: token ids and loss masks of the regenerated
-conversations), the same drafter shape (one decoder layer), the same TTT depth, the same draft vocabulary size and
-the same number of epochs, under the same bf16 autocast (the peer's trainer always runs under it). draftsmith
-trains with its demo recipe (``draftsmith.demo_sizes.RECIPE``, the learning rate of the demo size the data come from)
-on its stored features; speculators trains with its own defaults in its own virtualenv (``scripts/peer-venv.sh``;
-the CPU patches are listed there), on hidden states made for it by ``bench/peer_speculators.py`` (the same aux
-layers, the last layer before the final norm, the same d2t/t2d), in packs of 1,024 tokens, on every sample but one
-(its trainer always keeps its last rows for validation). Each drafter is then served by vLLM CPU beside the embedded
-target (K speculative tokens, temperature 0) and answers the same prompts of every bundled set one at a time, so that
-vLLM's counters give each prompt's drafts and accepted tokens.
+Follows the protocol of docs/benchmarks.md ("The fair protocol"). Both sides get the same samples (a draftsmith run's
+``data/``: token ids and loss masks of the regenerated conversations), the same drafter shape (one decoder layer),
+the same TTT depth, the same draft vocabulary size and the same number of epochs, under the same bf16 autocast (the
+peer's trainer always runs under it), and each side is trained once per seed (``--seeds N``: seeds 0..N-1, given to
+both trainers). draftsmith trains with its demo recipe (``draftsmith.demo_sizes.RECIPE``) on its stored features;
+speculators trains with its own defaults in its own virtualenv (``scripts/peer-venv.sh``; the CPU patches are listed
+there), on hidden states made for it by ``bench/peer_speculators.py`` (the same aux layers, the last layer before
+the final norm, the same d2t/t2d), in packs of ``--peer-pack`` tokens, on every sample but one (its trainer always
+keeps its last rows for validation); ``--peer-lr`` and ``--peer-all-rows`` (an all-ones loss mask, as draftsmith's
+``loss_rows: all``) are its tuning knobs. Each drafter is then served by vLLM CPU beside the embedded target (K
+speculative tokens, temperature 0) and answers the chosen prompts of every bundled set (``--split``/``--prompts``:
+the report prompts 41-80 unless told) and of every ``--eval-sets`` file, one prompt at a time, so that vLLM's
+counters give each prompt's drafts and accepted tokens.
 
-Prints per side: mean acceptance length overall and per set, training wall time; then
-``RATIO peer_acceptance <draftsmith / speculators>`` (the ratio of the overall mean acceptance lengths) and
-``INTERVAL peer_acceptance <low> <high>``: a 95 % paired bootstrap over prompts (``scipy.stats.bootstrap``).
+Prints per side: mean acceptance length overall and per set, per seed, training wall time; then
+``RATIO peer_acceptance <draftsmith / speculators>`` (the ratio of the mean acceptance lengths, all seeds pooled) and
+``INTERVAL peer_acceptance <low> <high>``: a 95 % bootstrap over the seeds and the prompts together
+(``bench/protocol.py``: ``seeded_ratio``), then the same per set (``RATIO peer_acceptance_<set>``...).
+``DIR/peer.json`` (``--keep DIR``) records the conditions (a SHA-256 of the data, epochs, vocabulary, K, seeds,
+prompts, the sets' SHA-256) and both sides' resolved configs and counts; the peer's training logs lie beside it.
 
-    .venv/bin/python bench/peer.py --run runs/demo [--epochs 2 --limit 40 --max-tokens 128]
+    .venv/bin/python bench/peer.py --run runs/demo --seeds 3 --epochs 1 --split report --keep DIR
     .venv/bin/python bench/peer.py --quick          (make peer-quick: minutes, small and noisy; the harness check)
 
 ``--quick`` builds its own small run: GSM8K train questions with their reference answers (the dataset's, not the
@@ -38,62 +44,46 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from protocol import (  # noqa: E402
+    SPLITS,
+    PromptCounts,
+    acceptance_length,
+    data_sha256,
+    eval_sets,
+    measure_in_vllm,
+    prompt_range,
+    seeded_ratio,
+)
+
 RECORD_SCHEMA = "draftsmith.record/1"
-SETS = ("mt_bench", "gsm8k", "humaneval", "alpaca")
+PEER_SCHEMA = "draftsmith.peer-side/2"
 
 
 @dataclass
-class PromptCounts:
-    """vLLM's speculative counters over one prompt's turns: ``drafts`` (draft proposals, one per verify step) and
-    ``accepted`` (draft tokens the target accepted)."""
+class Trained:
+    """One training of one side: its seed, drafter folder, training seconds, per-prompt counts and where its
+    training log and resolved config are."""
 
-    set: str
-    id: str
-    drafts: float
-    accepted: float
+    seed: int
+    drafter: Path
+    train_s: float
+    prompts: list[PromptCounts] = field(default_factory=list)
+    log: str | None = None
+    resolved: str | None = None
 
 
 @dataclass
 class Side:
-    """One drafter's training time and per-prompt counts."""
+    """One trainer's side: its name, the training config both trainers' seeds share, and one :class:`Trained` per
+    seed."""
 
     name: str
-    drafter: Path
-    train_s: float
-    prompts: list[PromptCounts] = field(default_factory=list)
+    config: dict
+    runs: list[Trained] = field(default_factory=list)
 
-
-def acceptance_length(prompts: list[PromptCounts]) -> float:
-    """Mean acceptance length as vLLM reports it: ``1 + accepted / drafts`` over all the prompts (the bonus token
-    included). Raises ValueError when nothing was drafted."""
-    drafts = sum(p.drafts for p in prompts)
-    if drafts <= 0:
-        raise ValueError("no draft was proposed: was the drafter loaded?")
-    return 1.0 + sum(p.accepted for p in prompts) / drafts
-
-
-def paired_ratio(ours: list[PromptCounts], peer: list[PromptCounts], resamples: int = 4000,
-                 seed: int = 0) -> tuple[float, float, float]:
-    """``acceptance_length(ours) / acceptance_length(peer)`` and its 95 % interval from a paired bootstrap over
-    prompts (both sides resampled with the same prompt indices; percentile method).
-
-    Raises:
-        ValueError: the two sides answered different prompts.
-    """
-    import numpy as np
-    from scipy.stats import bootstrap
-
-    if [(p.set, p.id) for p in ours] != [(p.set, p.id) for p in peer]:
-        raise ValueError("the two drafters were measured on different prompts")
-    cols = [np.array([getattr(p, f) for p in side]) for side in (ours, peer) for f in ("accepted", "drafts")]
-
-    def ratio(oa, od, pa, pd, axis=-1):
-        return (1 + oa.sum(axis) / od.sum(axis)) / (1 + pa.sum(axis) / pd.sum(axis))
-
-    point = float(ratio(*cols))
-    res = bootstrap(cols, ratio, paired=True, vectorized=True, n_resamples=resamples, confidence_level=0.95,
-                    method="percentile", rng=np.random.default_rng(seed))
-    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
+    def counts(self) -> dict[int, list[PromptCounts]]:
+        """Seed -> per-prompt counts (what :func:`protocol.seeded_ratio` takes)."""
+        return {r.seed: r.prompts for r in self.runs}
 
 
 def _cli(args: list[str], env: dict[str, str], log: Path) -> None:
@@ -125,131 +115,216 @@ def quick_run(runs: Path, target: Path, samples: int, env: dict[str, str], logs:
     return runs / "quick"
 
 
-def train_ours(run: Path, work: Path, env: dict[str, str], a, logs: Path) -> Side:
-    """draftsmith's drafter on ``run``'s data and features (linked, not copied), exported in the eagle3 layout."""
+def ours_config(a) -> dict:
+    """draftsmith's training config for this comparison: the demo recipe, the shared shape and epochs, bf16 autocast
+    (as the peer's trainer always runs: the same arithmetic on both sides, whatever draftsmith's precision rule picks
+    on this CPU), and the ``--ours`` variants (``KEY=VALUE``, JSON values, plain strings as they are)."""
     from draftsmith.demo_sizes import RECIPE
 
-    mine = work / "runs" / "ours"
-    mine.mkdir(parents=True)
-    for part in ("data", "features"):
-        (mine / part).symlink_to((run / part).resolve())
-    # bf16 autocast, as the peer's trainer always runs (its CPU patch 2): the same arithmetic on both sides, whatever
-    # draftsmith's precision rule picks on this CPU
     train = {**RECIPE, "ttt_steps": a.ttt_steps, "epochs": a.epochs, "lr": a.lr, "eval_fraction": 0.0,
              "precision": "bf16", "draft_vocab_size": a.vocab, "batch_tokens": 4096, "num_layers": 1, "log_every": 20,
              "save_every": 100000, "eval_every": 100000}
-    for kv in a.ours:  # a variant of the recipe: train.KEY=VALUE (JSON values; plain strings as they are)
+    for kv in a.ours:
         key, _, value = kv.partition("=")
         try:
             train[key] = json.loads(value)
         except json.JSONDecodeError:
             train[key] = value
+    return train
+
+
+def train_ours(run: Path, work: Path, env: dict[str, str], config: dict, seed: int, logs: Path) -> Trained:
+    """draftsmith's drafter on ``run``'s data and features (linked, not copied) at ``seed``, exported in the eagle3
+    layout."""
+    name = f"ours-seed-{seed}"
+    mine = work / "runs" / name
+    mine.mkdir(parents=True)
+    for part in ("data", "features"):
+        (mine / part).symlink_to((run / part).resolve())
+    train = {**config, "seed": seed}
     env = {**env, "DRAFTSMITH_RUNS_DIR": str(work / "runs"),
            **{f"DRAFTSMITH_TRAIN__{k.upper()}": json.dumps(v) if not isinstance(v, str) else v
               for k, v in train.items()}}
+    log = logs / f"train-draftsmith-seed-{seed}.log"
     t0 = time.perf_counter()
-    _cli(["train", "--run", "ours"], env, logs / "train-draftsmith.log")
+    _cli(["train", "--run", name], env, log)
     train_s = time.perf_counter() - t0
-    _cli(["export", "--run", "ours", "--format", "eagle3"], env, logs / "export-draftsmith.log")
-    return Side("draftsmith", mine / "export" / "eagle3", train_s)
+    _cli(["export", "--run", name, "--format", "eagle3"], env, logs / f"export-draftsmith-seed-{seed}.log")
+    return Trained(seed, mine / "export" / "eagle3", train_s, log=str(log))
 
 
-def train_peer(run: Path, target: Path, work: Path, a) -> Side:
-    """speculators' drafter on the same samples (``bench/peer_speculators.py``, in ``.peer-venv``)."""
+def _shape(run: Path) -> tuple[int, int]:
+    """``(longest sample's tokens, samples)`` of ``run``'s data."""
+    from draftsmith.drafter.data import TrainSamples
+
+    samples = TrainSamples(run / "data").samples
+    return max(int(s.input_ids.numel()) for s in samples.values()), len(samples)
+
+
+def peer_config(a, max_seq_len: int, samples: int) -> dict:
+    """The peer's training settings as this comparison sets them: ``lr`` (None: speculators' default, 1e-3 for both
+    its Muon and its AdamW groups), ``total_seq_len`` (``--peer-pack`` or the longest sample), ``loss_rows``
+    (``all``: an all-ones loss mask; ``generated``: the run's mask), ``train_samples`` (every row but its last) and
+    the extra flags."""
+    return {"lr": a.peer_lr, "total_seq_len": max(a.peer_pack, max_seq_len),
+            "loss_rows": "all" if a.peer_all_rows else "generated", "train_samples": samples - 1,
+            "extra": list(a.peer_arg), "speculators": "0.9.0"}
+
+
+def train_peer(data: Path, target: Path, work: Path, config: dict, seed: int, a) -> Trained:
+    """speculators' drafter at ``seed`` on the peer data ``data`` (``bench/peer_speculators.py``, in
+    ``.peer-venv``); its training log is copied beside ``peer.json`` (``work/peer-train-seed-<seed>.log``)."""
     import peer_speculators as ps
 
-    data = work / "peer-data"
-    t0 = time.perf_counter()
-    made = ps.write_peer_data(run, target, data)
-    print(f"peer data: {made}", flush=True)
-    # packs of 1,024 tokens (or the longest sample), as its CLI sizes them: its 8,192-token default trains ~4x
-    # slower on a CPU; every row but the last trains (speculators always validates on its last rows)
-    out = ps.train_peer(data, target, work / "peer-out", epochs=a.epochs, draft_vocab_size=a.vocab,
-                        ttt_steps=a.ttt_steps, total_seq_len=max(1024, made["max_seq_len"]),
-                        train_samples=made["samples"] - 1, extra=list(a.peer_arg))
-    print(f"peer training log: {out['log']} (data and training {time.perf_counter() - t0:.0f} s)", flush=True)
-    return Side("speculators", Path(out["drafter"]), float(out["wall_s"]))
+    out = ps.train_peer(data, target, work / "peer-out" / f"seed-{seed}", epochs=a.epochs, draft_vocab_size=a.vocab,
+                        ttt_steps=a.ttt_steps, lr=config["lr"], total_seq_len=config["total_seq_len"],
+                        train_samples=config["train_samples"], extra=["--seed", str(seed), *config["extra"]])
+    log = work / f"peer-train-seed-{seed}.log"
+    shutil.copyfile(out["log"], log)
+    resolved = Path(out["drafter"]).parent / "run.yaml"  # speculators' resolved config, beside its checkpoints
+    return Trained(seed, Path(out["drafter"]), float(out["wall_s"]), log=str(log),
+                   resolved=resolved.read_text() if resolved.is_file() else None)
 
 
-def measure(side: Side, target: Path, sets, a, logs: Path) -> None:
-    """Serve ``side``'s drafter in vLLM CPU and answer every prompt alone, reading the counters around it."""
-    from draftsmith.config import load_settings
-    from draftsmith.evaluation.runner import VLLMClient
-    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
+def conditions(a, data_hash: str, sets) -> dict:
+    """What a peer side's counts depend on besides its own config: the data (SHA-256), epochs, draft vocabulary, K,
+    TTT depth, seeds, prompts and tokens, vLLM's mode, and each set's file (SHA-256)."""
+    import hashlib
 
-    s = load_settings()
-    spec = VLLMServerSpec(model=target, served_name=target.name, port=free_port(), dtype=s.target.dtype,
-                          max_model_len=2048, kv_cache_gib=2, enforce_eager=a.eager, max_num_seqs=1,
-                          speculative={"method": "eagle3", "model": str(side.drafter),
-                                       "num_speculative_tokens": a.k})
-    with VLLMServer(spec, logs / f"vllm-{side.name}.log").start(timeout_s=1800) as server:
-        client = VLLMClient(server.url, target.name)
-        for es in sets:
-            for p in es.prompts:
-                before = client.counters()
-                messages: list[dict[str, str]] = []
-                for user in p.turns:
-                    messages.append({"role": "user", "content": user})
-                    t = client.generate(messages, a.max_tokens, 0.0)
-                    messages.append({"role": "assistant", "content": t.text})
-                d = client.counters() - before
-                side.prompts.append(PromptCounts(es.name, p.id, d.drafts, d.accepted))
+    return {"data_sha256": data_hash, "epochs": a.epochs, "draft_vocab_size": a.vocab, "k": a.k,
+            "ttt_steps": a.ttt_steps, "seeds": list(range(a.seeds)), "prompts": a.prompts, "limit": a.limit,
+            "max_tokens": a.max_tokens, "eager": a.eager,
+            "sets": {es.name: hashlib.sha256(es.path.read_bytes()).hexdigest() for es in sets}}
 
 
-def save_peer(side: Side, path: Path) -> None:
-    """Write the peer side (drafter, training seconds, per-prompt counts) for a later ``--peer-from``."""
-    path.write_text(json.dumps({"drafter": str(side.drafter), "train_s": side.train_s,
-                                "prompts": [vars(p) for p in side.prompts]}))
+def _side_json(side: Side) -> dict:
+    return {"config": side.config, "runs": [{**vars(r), "drafter": str(r.drafter),
+                                             "prompts": [vars(p) for p in r.prompts]} for r in side.runs]}
 
 
-def peer_from(path: Path) -> Side:
-    """The peer side a kept run of this bench measured (``--keep DIR`` writes ``DIR/peer.json``)."""
-    d = json.loads(path.read_text())
-    return Side("speculators", Path(d["drafter"]), float(d["train_s"]), [PromptCounts(**p) for p in d["prompts"]])
+def save_record(path: Path, cond: dict, ours: Side, peer: Side) -> None:
+    """Write ``peer.json``: the conditions, and both sides' resolved configs, drafters, training seconds and
+    per-prompt counts per seed (the peer side is what a later ``--peer-from`` reuses)."""
+    path.write_text(json.dumps({"schema": PEER_SCHEMA, "conditions": cond, "draftsmith": _side_json(ours),
+                                "speculators": _side_json(peer)}, indent=1))
 
 
-def report(sides: list[Side]) -> None:
-    """The per-side lines, then RATIO and INTERVAL (draftsmith over speculators)."""
-    for sd in sides:
-        per_set = {n: acceptance_length([p for p in sd.prompts if p.set == n])
-                   for n in dict.fromkeys(p.set for p in sd.prompts)}
-        sets = " ".join(f"{n} {v:.3f}" for n, v in per_set.items())
-        print(f"{sd.name}: acceptance length {acceptance_length(sd.prompts):.3f} ({sets}); "
-              f"training {sd.train_s:.0f} s; drafter {sd.drafter}")
-    ratio, low, high = paired_ratio(sides[0].prompts, sides[1].prompts)
-    print(f"RATIO peer_acceptance {ratio:.3f}")
-    print(f"INTERVAL peer_acceptance {low:.3f} {high:.3f}")
+def _diff(recorded, wanted, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two JSON-like dicts (a key on one side only counts)."""
+    if not (isinstance(recorded, dict) and isinstance(wanted, dict)):
+        return [] if recorded == wanted else [prefix.rstrip(".")]
+    out = []
+    for key in sorted(set(recorded) | set(wanted)):
+        out += _diff(recorded.get(key, "<absent>"), wanted.get(key, "<absent>"), f"{prefix}{key}.")
+    return out
 
 
-def main() -> None:
+def peer_from(path: Path, cond: dict, config: dict) -> Side:
+    """The peer side a kept run of this bench measured (``--keep DIR`` writes ``DIR/peer.json``), if it was measured
+    under the same conditions and peer config as this run.
+
+    Raises:
+        ValueError: the record is missing, of an older layout, or differs; the message names every differing key
+            (e.g. ``conditions.data_sha256``, ``speculators.lr``) with both values.
+    """
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: give --peer-from the DIR an earlier `--keep DIR` run wrote")
+    rec = json.loads(path.read_text())
+    if rec.get("schema") != PEER_SCHEMA:
+        raise ValueError(f"{path} was written by an older bench/peer.py without its conditions: measure the peer "
+                         "side again (drop --peer-from)")
+    recorded = {"conditions": rec["conditions"], "speculators": rec["speculators"]["config"]}
+    wanted = {"conditions": cond, "speculators": config}
+    differ = _diff(recorded, wanted)
+    if differ:
+        def at(d, key):
+            for part in key.split("."):
+                d = d.get(part, "<absent>") if isinstance(d, dict) else "<absent>"
+            return d
+        lines = "; ".join(f"{k}: recorded {at(recorded, k)!r}, now {at(wanted, k)!r}" for k in differ)
+        raise ValueError(f"{path}: the peer side was recorded under other settings ({lines}); rerun with the recorded "
+                         "settings or measure the peer again (drop --peer-from)")
+    runs = [Trained(r["seed"], Path(r["drafter"]), float(r["train_s"]), [PromptCounts(**p) for p in r["prompts"]],
+                    r.get("log"), r.get("resolved")) for r in rec["speculators"]["runs"]]
+    return Side("speculators", rec["speculators"]["config"], runs)
+
+
+def _only(counts: dict[int, list[PromptCounts]], set_name: str | None) -> dict[int, list[PromptCounts]]:
+    """``counts`` cut to one set's prompts (None: all)."""
+    return {s: [p for p in c if set_name is None or p.set == set_name] for s, c in counts.items()}
+
+
+def report(ours: Side, peer: Side) -> None:
+    """The per-side lines, then RATIO and INTERVAL (draftsmith over speculators) overall and per set."""
+    names = list(dict.fromkeys(p.set for r in ours.runs for p in r.prompts))
+    for sd in (ours, peer):
+        pooled = [p for r in sd.runs for p in r.prompts]
+        per_set = " ".join(f"{n} {acceptance_length([p for p in pooled if p.set == n]):.3f}" for n in names)
+        seeds = " ".join(f"{r.seed}: {acceptance_length(r.prompts):.3f}" for r in sd.runs)
+        train_s = sum(r.train_s for r in sd.runs) / len(sd.runs)
+        print(f"{sd.name}: acceptance length {acceptance_length(pooled):.3f} ({per_set}); seeds {seeds}; "
+              f"training {train_s:.0f} s per seed; drafters {', '.join(str(r.drafter) for r in sd.runs)}")
+    for suffix, keep in [("", None)] + [(f"_{n}", n) for n in names]:
+        ratio, low, high = seeded_ratio(_only(ours.counts(), keep), _only(peer.counts(), keep))
+        print(f"RATIO peer_acceptance{suffix} {ratio:.3f}")
+        print(f"INTERVAL peer_acceptance{suffix} {low:.3f} {high:.3f}")
+
+
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, help="a draftsmith run folder with data/ and features/ (e.g. runs/demo)")
     ap.add_argument("--quick", action="store_true", help="small, noisy, minutes: builds its own run")
     ap.add_argument("--epochs", type=int)
-    ap.add_argument("--limit", type=int, help="prompts per bundled set (default 40; --quick 3)")
+    ap.add_argument("--seeds", type=int, help="training seeds per side, 0..N-1 for both trainers (default 3; --quick 1)")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--split", choices=["selection", "report"],
+                       help="prompts 1-40 (choose on these) or 41-80 (report on these) of each bundled set")
+    which.add_argument("--prompts", help="FIRST-LAST of each bundled set, 1-based, inclusive (default: report, 41-80)")
+    ap.add_argument("--limit", type=int, help="at most this many prompts per set (default all; --quick 3)")
+    ap.add_argument("--eval-sets", nargs="+", type=Path, default=[], metavar="FILE",
+                    help="more prompt sets (JSONL, a 'turns' list per line, as the bundled ones): all their prompts")
     ap.add_argument("--max-tokens", type=int, help="new tokens per answer (default 128; --quick 32)")
     ap.add_argument("--k", type=int, default=3, help="speculative tokens per step")
     ap.add_argument("--ttt-steps", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=1e-3, help="draftsmith's peak lr (the default demo's)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="draftsmith's peak AdamW lr (its Muon lr is the recipe's)")
     ap.add_argument("--eager", action="store_true", help="vLLM without compilation (starts faster)")
+    ap.add_argument("--peer-lr", type=float, help="the peer's --lr (default its own, 1e-3)")
+    ap.add_argument("--peer-pack", type=int, default=1024,
+                    help="the peer's tokens per packed batch (its --total-seq-len; its own default is 8192)")
+    ap.add_argument("--peer-all-rows", action="store_true", help="train the peer with an all-ones loss mask")
     ap.add_argument("--peer-arg", action="append", default=[], help="extra speculators train flag (repeatable)")
     ap.add_argument("--keep", type=Path, help="keep the work folder here (drafters, logs, peer.json)")
     ap.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE",
                     help="a draftsmith recipe variant: train.KEY=VALUE (repeatable), e.g. norm_output=true")
     ap.add_argument("--peer-from", type=Path, metavar="DIR",
-                    help="reuse the peer measured by an earlier --keep DIR run (same run, epochs and prompts)")
+                    help="reuse the peer side of an earlier --keep DIR run (refused unless recorded under the same "
+                         "data, epochs, vocabulary, K, seeds, prompts and peer settings)")
     a = ap.parse_args()
     if not a.run and not a.quick:
         ap.error("give --run RUN_DIR (a run with data/ and features/) or --quick")
+    try:
+        prompt_range(a.prompts or a.split or "report")
+    except ValueError as e:
+        ap.error(str(e))
+    a.prompts = a.prompts or SPLITS[a.split or "report"]
     a.epochs = a.epochs or (1 if a.quick else 2)
-    a.limit = a.limit or (3 if a.quick else 40)
+    a.seeds = a.seeds or (1 if a.quick else 3)
+    a.limit = a.limit or (3 if a.quick else None)
     a.max_tokens = a.max_tokens or (32 if a.quick else 128)
     a.eager = a.eager or a.quick
+    return a
 
+
+def main() -> None:
+    a = _args()
     from draftsmith.config import load_settings
-    from draftsmith.evaluation.sets import load_set
+    from draftsmith.errors import DataError
     from draftsmith.target.embedded import embedded_dir
 
+    try:
+        sets = eval_sets(a.eval_sets, prompt_range(a.prompts), a.limit)
+    except (DataError, ValueError) as e:
+        raise SystemExit(f"--eval-sets: {e}") from e
     # the peer's own virtualenv, built once by the repository's script (a no-op when it is there)
     subprocess.run(["bash", str(REPO / "scripts" / "peer-venv.sh")], check=True)
     target = embedded_dir(load_settings().target.cache_dir)
@@ -268,21 +343,59 @@ def main() -> None:
         if not vocabs:
             raise SystemExit(f"{run}/data/vocab has no draft vocabulary: run `draftsmith build-data` first")
         a.vocab = vocabs[-1]
-        sets = [load_set(n, limit=a.limit) for n in SETS]
-        print(f"data: {run}; draft vocabulary {a.vocab}; {a.epochs} epoch(s); TTT depth {a.ttt_steps}; "
-              f"{a.limit} prompts per set, {a.max_tokens} tokens, K {a.k}", flush=True)
-        ours = train_ours(run, work, env, a, logs)
-        measure(ours, target, sets, a, logs)
-        if a.peer_from:  # the peer as measured before on the same run, settings and prompts
-            peer = peer_from(a.peer_from / "peer.json")
-        else:
-            peer = train_peer(run, target, work, a)
-            measure(peer, target, sets, a, logs)
-        save_peer(peer, work / "peer.json")
-        report([ours, peer])
+        cond = conditions(a, data_sha256(run / "data"), sets)
+        print(f"data: {run} (sha256 {cond['data_sha256'][:12]}); draft vocabulary {a.vocab}; {a.epochs} epoch(s); "
+              f"TTT depth {a.ttt_steps}; seeds {cond['seeds']}; prompts {a.prompts} of each bundled set"
+              f"{f' (at most {a.limit})' if a.limit else ''}, sets {', '.join(cond['sets'])}; {a.max_tokens} tokens, "
+              f"K {a.k}", flush=True)
+        config = peer_config(a, *_shape(run))
+        reused = _reused_peer(a, cond, config, work) if a.peer_from else None  # refused before anything trains
+        ours = Side("draftsmith", ours_config(a))
+        for seed in cond["seeds"]:
+            ours.runs.append(train_ours(run, work, env, ours.config, seed, logs))
+            ours.runs[-1].prompts = _measure(ours.runs[-1].drafter, target, sets, a, logs / f"vllm-ours-{seed}.log")
+        peer = reused or _peer_side(a, run, target, work, sets, cond, config, logs)
+        save_record(work / "peer.json", cond, ours, peer)
+        report(ours, peer)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(drafter: Path, target: Path, sets, a, log: Path) -> list[PromptCounts]:
+    """One EAGLE-3 drafter (either side's: vLLM reads both layouts) on ``sets`` (already cut to their prompts)."""
+    return measure_in_vllm({"method": "eagle3", "model": str(drafter), "num_speculative_tokens": a.k}, target, sets,
+                           (0, max(len(es.prompts) for es in sets)), a.max_tokens, a.eager, log)
+
+
+def _reused_peer(a, cond: dict, config: dict, work: Path) -> Side:
+    """The peer side of ``--peer-from DIR``, checked before anything trains; its kept training logs are copied into
+    ``work`` beside the new record. Raises SystemExit naming the settings that differ."""
+    try:
+        peer = peer_from(a.peer_from / "peer.json", cond, config)
+    except ValueError as e:
+        raise SystemExit(f"--peer-from: {e}") from e
+    for r in peer.runs:
+        if r.log and Path(r.log).is_file() and Path(r.log).parent != work:
+            shutil.copyfile(r.log, work / Path(r.log).name)
+            r.log = str(work / Path(r.log).name)
+    return peer
+
+
+def _peer_side(a, run: Path, target: Path, work: Path, sets, cond: dict, config: dict, logs: Path) -> Side:
+    """The peer side trained per seed on its own hidden states of ``run``'s samples, and measured."""
+    import peer_speculators as ps
+
+    t0 = time.perf_counter()
+    made = ps.write_peer_data(run, target, work / "peer-data", all_rows=a.peer_all_rows)
+    print(f"peer data: {made['samples']} samples, {made['tokens']} tokens, loss rows {config['loss_rows']} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    peer = Side("speculators", config)
+    for seed in cond["seeds"]:
+        peer.runs.append(train_peer(work / "peer-data", target, work, config, seed, a))
+        print(f"peer training log (seed {seed}): {peer.runs[-1].log}", flush=True)
+        peer.runs[-1].prompts = _measure(peer.runs[-1].drafter, target, sets, a, logs / f"vllm-peer-{seed}.log")
+    return peer
 
 
 if __name__ == "__main__":

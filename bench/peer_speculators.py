@@ -127,7 +127,7 @@ def _batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def write_peer_data(run_dir: Path, target: Path, out: Path, sample_ids: list[str] | None = None, *,
-                    batch_tokens: int = 4096) -> dict:
+                    batch_tokens: int = 4096, all_rows: bool = False) -> dict:
     """Write a draftsmith run's training samples in speculators' offline layout (module docstring), with hidden
     states from transformers.
 
@@ -142,6 +142,8 @@ def write_peer_data(run_dir: Path, target: Path, out: Path, sample_ids: list[str
         out: the output folder (created; existing ``hs_*`` files and dataset files are overwritten).
         sample_ids: the samples to convert, in this order; None = all of the run's, sorted by id.
         batch_tokens: padded tokens per forward (memory: about 31 x batch_tokens x H x 4 bytes of states).
+        all_rows: write an all-ones loss mask (every row supervised, as draftsmith's ``train.loss_rows: all``)
+            instead of the run's (target-generated tokens only).
 
     Returns:
         The summary also written to ``out/peer.json``: ``samples``, ``tokens`` (all positions),
@@ -177,7 +179,8 @@ def write_peer_data(run_dir: Path, target: Path, out: Path, sample_ids: list[str
     model = load_target(target, dtype=COMPUTE_DTYPE)
     aux_ids = _vllm_aux_ids(run_dir, int(model.config.num_hidden_layers))
     seqs = [samples.samples[sid].input_ids.to(torch.int64) for sid in ids]  # [T_i] each
-    masks = [samples.samples[sid].loss_mask.to(torch.int64) for sid in ids]  # [T_i] each, 1 = supervised
+    masks = [torch.ones_like(x) if all_rows else samples.samples[sid].loss_mask.to(torch.int64)
+             for sid, x in zip(ids, seqs, strict=True)]  # [T_i] each, 1 = supervised
     rows = {"input_ids": [x.tolist() for x in seqs], "loss_mask": [m.tolist() for m in masks],
             "seq_len": [int(x.numel()) for x in seqs]}
     for group in _batches(rows["seq_len"], batch_tokens):
@@ -198,6 +201,7 @@ def write_peer_data(run_dir: Path, target: Path, out: Path, sample_ids: list[str
         "hidden_size": int(model.config.hidden_size), "dtype": str(HS_DTYPE).removeprefix("torch."),
         "compute_dtype": str(COMPUTE_DTYPE).removeprefix("torch."), "data": str(out), "target": str(target),
         "max_seq_len": max(rows["seq_len"], default=0), "run": str(run_dir), "sample_ids": ids,
+        "loss_rows": "all" if all_rows else "generated",
     }
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     return summary

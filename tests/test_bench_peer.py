@@ -1,12 +1,15 @@
-"""bench/peer.py's figures: the mean acceptance length as vLLM computes it, and the paired bootstrap of the ratio.
+"""bench/peer.py's record of a comparison (``peer.json``) and ``--peer-from``'s refusal of a peer side recorded
+under other settings (the figures are bench/protocol.py's, tested in tests/test_bench_protocol.py).
 
-The per-prompt counts are those vLLM's counters give (drafts, accepted tokens); the bench itself needs the peer's
-virtualenv and two vLLM servers, so it runs as ``make peer-quick``, not here.
+No training here: the record is written as the bench writes it and read back under changed settings; the bench
+itself needs the peer's virtualenv and vLLM servers, so it runs as ``make peer-quick``.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -24,31 +27,83 @@ def peer():
     return mod
 
 
-def _counts(peer, rows):
-    return [peer.PromptCounts("gsm8k", f"p{i}", d, a) for i, (d, a) in enumerate(rows)]
+def _args(**kw):
+    base = {"epochs": 1, "vocab": 8192, "k": 3, "ttt_steps": 3, "seeds": 3, "prompts": "41-80", "limit": None,
+            "max_tokens": 128, "eager": False, "peer_lr": None, "peer_pack": 1024, "peer_all_rows": False,
+            "peer_arg": []}
+    return argparse.Namespace(**{**base, **kw})
 
 
-def test_acceptance_length_is_one_plus_accepted_per_draft(peer):
-    assert peer.acceptance_length(_counts(peer, [(10, 5), (30, 25)])) == pytest.approx(1.75)
-    with pytest.raises(ValueError, match="no draft"):
-        peer.acceptance_length(_counts(peer, [(0, 0)]))
+def _side(peer, name, config, tmp_path):
+    runs = [peer.Trained(s, tmp_path / f"{name}-{s}", 90.0 + s,
+                         [peer.PromptCounts("gsm8k", "41", 40, 16 + s), peer.PromptCounts("alpaca", "41", 12, 3)],
+                         log=str(tmp_path / f"peer-train-seed-{s}.log"), resolved="train:\n  seed: 0\n")
+            for s in range(3)]
+    return peer.Side(name, config, runs)
 
 
-def test_paired_ratio_and_its_interval(peer):
-    peer_side = _counts(peer, [(40, 16 + i % 5) for i in range(40)])
-    same = peer.paired_ratio(peer_side, peer_side)
-    assert same == (pytest.approx(1.0), pytest.approx(1.0), pytest.approx(1.0))
-    ours = _counts(peer, [(36, 20 + i % 7) for i in range(40)])  # fewer verify steps, more accepted each
-    ratio, low, high = peer.paired_ratio(ours, peer_side)
-    want = (1 + sum(20 + i % 7 for i in range(40)) / (36 * 40)) / (1 + sum(16 + i % 5 for i in range(40)) / 1600)
-    assert ratio == pytest.approx(want) and 1.0 < low < ratio < high < 1.2
-    assert peer.paired_ratio(ours, peer_side) == (ratio, low, high)  # seeded: the same interval every time
-    with pytest.raises(ValueError, match="different prompts"):
-        peer.paired_ratio(ours[:-1], peer_side[1:])
+@pytest.fixture
+def recorded(peer, tmp_path):
+    """A kept comparison: ``peer.json`` as the bench writes it, with its conditions and both sides."""
+    from protocol import eval_sets, prompt_range
+
+    a = _args()
+    sets = eval_sets([], prompt_range(a.prompts))
+    cond = peer.conditions(a, "ab" * 32, sets)
+    config = peer.peer_config(a, 700, 1115)
+    peer.save_record(tmp_path / "peer.json", cond, _side(peer, "draftsmith", {"lr": 1e-3}, tmp_path),
+                     _side(peer, "speculators", config, tmp_path))
+    return a, sets, cond, config, tmp_path / "peer.json"
 
 
-def test_a_kept_peer_side_is_read_back_as_measured(peer, tmp_path):
-    side = peer.Side("speculators", tmp_path / "d", 92.0, _counts(peer, [(40, 17), (12, 3)]))
-    peer.save_peer(side, tmp_path / "peer.json")
-    back = peer.peer_from(tmp_path / "peer.json")
-    assert back == side and peer.acceptance_length(back.prompts) == pytest.approx(1 + 20 / 52)
+def test_the_record_holds_the_conditions_and_both_sides(peer, recorded):
+    a, sets, cond, config, path = recorded
+    rec = json.loads(path.read_text())
+    assert rec["schema"] == "draftsmith.peer-side/2"
+    assert rec["conditions"] == {"data_sha256": "ab" * 32, "epochs": 1, "draft_vocab_size": 8192, "k": 3,
+                                 "ttt_steps": 3, "seeds": [0, 1, 2], "prompts": "41-80", "limit": None,
+                                 "max_tokens": 128, "eager": False, "sets": cond["sets"]}
+    assert list(cond["sets"]) == ["mt_bench", "gsm8k", "humaneval", "alpaca"]
+    assert all(len(h) == 64 for h in cond["sets"].values())
+    assert rec["speculators"]["config"] == {"lr": None, "total_seq_len": 1024, "loss_rows": "generated",
+                                            "train_samples": 1114, "extra": [], "speculators": "0.9.0"}
+    assert rec["draftsmith"]["config"] == {"lr": 1e-3}
+    assert [r["seed"] for r in rec["speculators"]["runs"]] == [0, 1, 2]
+    assert rec["speculators"]["runs"][1]["prompts"][0] == {"set": "gsm8k", "id": "41", "drafts": 40, "accepted": 17}
+    # read back under the same settings: the peer side as measured
+    back = peer.peer_from(path, cond, config)
+    assert back == _side(peer, "speculators", config, path.parent)
+    assert back.counts()[2][0].accepted == 18
+
+
+def test_peer_from_refuses_a_peer_side_recorded_on_other_data(peer, recorded):
+    a, sets, cond, config, path = recorded
+    with pytest.raises(ValueError, match=r"conditions\.data_sha256: recorded 'abab.*', now 'cdcd") as e:
+        peer.peer_from(path, {**cond, "data_sha256": "cd" * 32}, config)
+    assert "epochs" not in str(e.value)  # only what differs is named
+
+
+def test_peer_from_names_every_differing_setting(peer, recorded):
+    a, sets, cond, config, path = recorded
+    other = peer.conditions(_args(epochs=2, seeds=2, k=4, prompts="1-40"), "ab" * 32, sets)
+    with pytest.raises(ValueError) as e:
+        peer.peer_from(path, other, peer.peer_config(_args(peer_lr=3e-4, peer_all_rows=True), 700, 1115))
+    msg = str(e.value)
+    for key in ("conditions.epochs: recorded 1, now 2", "conditions.seeds: recorded [0, 1, 2], now [0, 1]",
+                "conditions.k", "conditions.prompts: recorded '41-80', now '1-40'", "speculators.lr: recorded None",
+                "speculators.loss_rows: recorded 'generated', now 'all'"):
+        assert key in msg, msg
+    # a changed set file and a pack of 8,192 tokens
+    changed = {**cond, "sets": {**cond["sets"], "gsm8k": "00" * 32}}
+    with pytest.raises(ValueError, match=r"conditions\.sets\.gsm8k.*speculators\.total_seq_len: recorded 1024, now "
+                                         r"8192"):
+        peer.peer_from(path, changed, peer.peer_config(_args(peer_pack=8192), 700, 1115))
+
+
+def test_peer_from_refuses_a_record_without_conditions(peer, tmp_path):
+    old = {"drafter": str(tmp_path / "d"), "train_s": 92.0, "prompts": []}  # the layout before the protocol
+    (tmp_path / "peer.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="older bench/peer.py"):
+        peer.peer_from(tmp_path / "peer.json", {}, {})
+    with pytest.raises(ValueError, match="does not exist"):
+        peer.peer_from(tmp_path / "none" / "peer.json", {}, {})

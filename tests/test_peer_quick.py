@@ -1,11 +1,13 @@
 """The peer comparison's harness end to end, at its quick size, so that it cannot rot: ``bench/peer.py --quick``
 builds the peer's virtualenv with the repository's script (speculators 0.9.0 patched for CPU), makes a small run
 (48 GSM8K reference conversations through build-data and extract), trains draftsmith's drafter and speculators'
-on it, serves each beside the real SmolLM2 target in vLLM CPU and prints the paired ratio. Real processes
+on it, serves each beside the real SmolLM2 target in vLLM CPU and prints the ratio, overall and per set, and keeps
+its record (peer.json) with the peer's training log. Real processes
 throughout; the figures are noisy at this size, so only their presence and sanity are asserted."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -36,5 +38,13 @@ def test_peer_quick_prints_both_sides_the_ratio_and_its_interval(tmp_path, embed
     # the peer's drafter fits the target as `draftsmith eval` checks it: speculators' layout, the run's vocabulary
     from draftsmith.evaluation.checks import check_drafter_fits
 
-    info = check_drafter_fits(embedded_target, tmp_path / "w" / "peer-out" / "checkpoints" / "0")
+    info = check_drafter_fits(embedded_target, tmp_path / "w" / "peer-out" / "seed-0" / "checkpoints" / "0")
     assert info.layout == "speculators" and info.draft_vocab_size == 1024
+    # the same per set, and the record: conditions, both sides' configs, the peer's training log beside it
+    per_set = dict(re.findall(r"^RATIO peer_acceptance_(\w+) ([\d.]+)$", p.stdout, re.M))
+    assert per_set.keys() == {"mt_bench", "gsm8k", "humaneval", "alpaca"}, p.stdout[-3000:]
+    rec = json.loads((tmp_path / "w" / "peer.json").read_text())
+    assert rec["conditions"]["seeds"] == [0] and rec["conditions"]["prompts"] == "41-80"
+    assert len(rec["conditions"]["data_sha256"]) == 64 and rec["draftsmith"]["runs"][0]["seed"] == 0
+    assert rec["speculators"]["config"]["total_seq_len"] == 1024 and rec["speculators"]["runs"][0]["resolved"]
+    assert "--seed" in (tmp_path / "w" / "peer-train-seed-0.log").read_text()
