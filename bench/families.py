@@ -12,7 +12,10 @@ prompts: speedup = (output tokens / s with the drafter) / (output tokens / s alo
 Prints per family ``ACCEPT <family> <set> <mean acceptance length>`` (all seeds pooled), ``SPEEDUP <family> <x>``
 (the mean over seeds) and ``RATIO family_speedup_<family> <speedup / eagle3's speedup>`` with
 ``INTERVAL family_speedup_<family> <low> <high>``: a 95 % bootstrap over seeds and prompts (both resampled, the
-prompts paired across families).
+prompts paired across families); then ``RATIO family_acceptance_<family>`` and its ``INTERVAL``: the mean acceptance
+length over eagle3's (``bench/protocol.py``'s ``seeded_ratio``). The prompts, the split (1-40 to select or tune, 41-80
+to report) and the counters follow ``bench/protocol.py``; speedup needs the wall clock and the target alone, so the
+serving loop here times each prompt and also runs without a drafter.
 
     .venv/bin/python bench/families.py --quick --seeds 2 --limit 5 --max-tokens 64      (its own small run)
     .venv/bin/python bench/families.py --run runs/demo --split report --families eagle3 --reuse DIR
@@ -32,14 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SETS = ("mt_bench", "gsm8k", "humaneval", "alpaca")
-# The bundled sets' prompts split in two: 1-40 to select or tune anything, 41-80 to report (1-based, inclusive).
-SPLITS = {"selection": "1-40", "report": "41-80"}
+from protocol import SPLITS, PromptCounts, acceptance_length, eval_sets, prompt_range, seeded_ratio  # noqa: E402
+
 BASE = "eagle3"
 # K each family is meant for: EAGLE-3 a chain of 3 (its demo recipe's TTT depth); P-EAGLE and DFlash draft K tokens
 # in one pass, so they are served at larger K (DFlash's paper uses blocks of 16; 8 keeps the verify step of a
@@ -50,45 +52,12 @@ REFUSED = {"dflash": ("norm_before_residual", "fc_norm", "norm_before_fc", "norm
 
 
 @dataclass
-class PromptTiming:
-    """One prompt's turns answered alone: vLLM's speculative counters around it (``drafts``: verify steps that
-    carried a draft; ``accepted``: draft tokens accepted; zero with the drafter off), its output ``tokens`` and
-    wall-clock ``seconds``."""
+class PromptTiming(PromptCounts):
+    """One prompt's turns answered alone: vLLM's speculative counters around it (:class:`protocol.PromptCounts`;
+    zero with the drafter off), its output ``tokens`` and wall-clock ``seconds``."""
 
-    set: str
-    id: str
-    drafts: float
-    accepted: float
     tokens: int
     seconds: float
-
-
-def prompt_range(spec: str) -> tuple[int, int]:
-    """``"41-80"`` (1-based, inclusive) as the slice bounds ``(40, 80)``.
-
-    Raises:
-        ValueError: not ``FIRST-LAST`` with ``1 <= FIRST <= LAST``.
-    """
-    first, _, last = spec.partition("-")
-    try:
-        lo, hi = int(first), int(last)
-    except ValueError:
-        raise ValueError(f"prompt range {spec!r} is not FIRST-LAST (e.g. 41-80)") from None
-    if not 1 <= lo <= hi:
-        raise ValueError(f"prompt range {spec!r}: need 1 <= FIRST <= LAST")
-    return lo - 1, hi
-
-
-def acceptance_length(prompts: list[PromptTiming]) -> float:
-    """Mean acceptance length as vLLM reports it, ``1 + accepted / drafts`` over ``prompts`` (bonus token included).
-
-    Raises:
-        ValueError: nothing was drafted (the drafter did not load, or the prompts are the target alone's).
-    """
-    drafts = sum(p.drafts for p in prompts)
-    if drafts <= 0:
-        raise ValueError("no draft was proposed: was the drafter loaded?")
-    return 1.0 + sum(p.accepted for p in prompts) / drafts
 
 
 def speedup(ours: list[PromptTiming], alone: list[PromptTiming]) -> float:
@@ -103,7 +72,7 @@ def speedup(ours: list[PromptTiming], alone: list[PromptTiming]) -> float:
         sum(p.tokens for p in alone) / sum(p.seconds for p in alone))
 
 
-def seeded_ratio(ours: list[list[PromptTiming]], base: list[list[PromptTiming]], alone: list[PromptTiming],
+def seeded_speedup_ratio(ours: list[list[PromptTiming]], base: list[list[PromptTiming]], alone: list[PromptTiming],
                  resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """``speedup(ours) / speedup(base)``, each the mean over its seeds, and its 95 % percentile interval from a
     bootstrap that resamples the seeds of each side and the prompts (one draw of prompt indices for both sides and
@@ -163,9 +132,12 @@ def report(measured: dict[str, list[list[PromptTiming]]], alone: list[PromptTimi
         lines.append(f"SPEEDUP {fam} {mean:.3f} ({len(seeds)} seed(s))")
     if BASE in measured:
         for fam, seeds in measured.items():
-            point, low, high = seeded_ratio(seeds, measured[BASE], alone)
+            point, low, high = seeded_speedup_ratio(seeds, measured[BASE], alone)
             lines.append(f"RATIO family_speedup_{fam} {point:.3f}")
             lines.append(f"INTERVAL family_speedup_{fam} {low:.3f} {high:.3f}")
+            point, low, high = seeded_ratio(dict(enumerate(seeds)), dict(enumerate(measured[BASE])))
+            lines.append(f"RATIO family_acceptance_{fam} {point:.3f}")
+            lines.append(f"INTERVAL family_acceptance_{fam} {low:.3f} {high:.3f}")
     return lines
 
 
@@ -301,8 +273,6 @@ def main() -> None:
 def bench(a, fams: list[str], families: dict, ks: dict[str, int], target: Path, work: Path,
           env: dict[str, str]) -> None:
     """Build or find the run, measure the target alone and every family and seed, print :func:`report`."""
-    from draftsmith.evaluation.sets import load_set
-
     if a.quick:
         import peer
 
@@ -317,9 +287,8 @@ def bench(a, fams: list[str], families: dict, ks: dict[str, int], target: Path, 
     if not vocabs:
         raise SystemExit(f"{run}/data/vocab has no draft vocabulary: run `draftsmith build-data` first")
     a.vocab = vocabs[-1]
-    lo, hi = prompt_range(SPLITS[a.split])
-    sets = [load_set(n) for n in SETS]
-    sets = [replace(es, prompts=es.prompts[lo:min(hi, lo + a.limit)]) for es in sets]
+    lo, hi = prompt_range(a.split)
+    sets = eval_sets([], (lo, hi), a.limit)
     print(f"data: {run}; work {work}; families {fams} at K {[ks[f] for f in fams]}; {a.seeds} seed(s); "
           f"prompts {lo + 1}-{lo + a.limit} ({a.split}) of {len(sets)} sets, {a.max_tokens} tokens", flush=True)
 

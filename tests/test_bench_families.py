@@ -50,6 +50,8 @@ def test_report_prints_acceptance_per_set_speedup_and_ratio_over_eagle3():
     assert "RATIO family_speedup_dflash 1.600" in lines
     # every prompt runs at the same rate on each side, so every resample gives the same ratio
     assert "INTERVAL family_speedup_dflash 1.600 1.600" in lines
+    # acceptance over eagle3's, every seed pooled: dflash (1 + 50/40) / eagle3 (1 + 80/120)
+    assert f"RATIO family_acceptance_dflash {2.25 / (1 + 80 / 120):.3f}" in lines
 
 
 def test_seeded_ratio_interval_spans_the_seeds():
@@ -57,7 +59,7 @@ def test_seeded_ratio_interval_spans_the_seeds():
     base = [_prompts([1, 1], [0, 0], [10, 10], [1.0, 1.0])]  # speedup 1.0
     ours = [_prompts([1, 1], [1, 1], [10, 10], [0.5, 0.5]),  # 2.0
             _prompts([1, 1], [1, 1], [10, 10], [1.0, 1.0])]  # 1.0
-    point, low, high = fb.seeded_ratio(ours, base, alone, resamples=500)
+    point, low, high = fb.seeded_speedup_ratio(ours, base, alone, resamples=500)
     assert point == pytest.approx(1.5)
     assert low == pytest.approx(1.0) and high == pytest.approx(2.0)
 
