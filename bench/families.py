@@ -295,8 +295,8 @@ def bench(a, fams: list[str], families: dict, ks: dict[str, int], target: Path, 
     tag = f"{a.split}-{a.limit}-{a.max_tokens}-{'eager' if a.eager else 'compiled'}"
     alone = _cached(work / f"alone-{tag}.json",
                     lambda: measure(target, None, sets, a, work / "logs" / "vllm-alone.log"))
-    for fam, family in families.items():
-        for seed in range(a.seeds):
+    for seed in range(a.seeds):  # seed by seed: a command stopped early still leaves every family measured once
+        for fam, family in families.items():
             drafter = train_family(fam, ks[fam], seed, run, work, env, a)
             sc = family.speculative_config(drafter, ks[fam])
             _cached(work / f"{fam}-s{seed}-{tag}.json",
