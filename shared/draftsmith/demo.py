@@ -289,6 +289,9 @@ class Demo:
             if stage in st["stages"]:
                 self.say(f"  {stage:<12} {st['stages'][stage]['seconds']:>8.0f} s")
         self.say(f"  {'total':<12} {st.get('total_seconds', 0):>8.0f} s (this invocation)")
+        family = (self.size.config.get("train") or {}).get("family", "eagle3")
+        self.say(f"drafter family: {family} (train.family); which family to pick for your target and engine, "
+                 "measured side by side: docs/families.md, \"Which family to pick\"")
 
 
 def _f(v: Any, fmt: str) -> str:
