@@ -46,6 +46,9 @@ def canary_cmd(
         for v in versions(paths.root):
             typer.echo(f"{v.name}{' (serving)' if v.name == serving else ''}  {v.provenance.get('export')}")
         return
+    from draftsmith.metrics import serve_metrics
+
+    serve_metrics(s.metrics.port, s.metrics.addr)  # the decision counters, while the trial runs and the hold lasts
     client = redis.Redis.from_url(s.redis.url)
     if stable_url and read_routes(client, s.redis.prefix, s.run) is None:
         write_routes(client, s.redis.prefix, s.run, Routes(stable=stable_url.rstrip("/"), stable_drafter=stable_version))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftsmith.artifacts.export import config_path
 from draftsmith.errors import ModelError
 from draftsmith.paths import RunPaths
 
@@ -102,7 +103,7 @@ def provenance_of(paths: RunPaths, export_dir: Path, extra: dict[str, Any] | Non
     """Where an export came from: the export folder, the run's latest checkpoint record and the digests of its data
     and records manifests (the data that made it), the build that exported it."""
     latest = paths.checkpoints_latest
-    cfg = Path(export_dir) / "config.json"
+    cfg = config_path(Path(export_dir))
     code = json.loads(cfg.read_text()).get("code_version") if cfg.is_file() else None
     return {
         "schema": PROVENANCE_SCHEMA,
@@ -130,8 +131,8 @@ def add_version(paths: RunPaths, export_dir: Path, extra: dict[str, Any] | None 
         ModelError: ``export_dir`` is not a folder with a ``config.json``.
     """
     export_dir = Path(export_dir)
-    if not (export_dir / "config.json").is_file():
-        raise ModelError(f"{export_dir} is not an exported drafter (no config.json)",
+    if not config_path(export_dir).is_file():
+        raise ModelError(f"{export_dir} is not an exported drafter (no {config_path(export_dir).name})",
                          "pass the run's export/eagle3 (`draftsmith export`) or another drafter folder")
     root = versions_dir(paths.root)
     root.mkdir(parents=True, exist_ok=True)
