@@ -17,7 +17,7 @@ from draftsmith.metrics import serve_metrics
 from draftsmith.paths import RunPaths
 from draftsmith.serving.canary import engine_spec, run_canary
 from draftsmith.serving.routes import Routes, read_routes, write_routes
-from draftsmith.serving.versions import add_version, read_decisions, read_serving, write_serving
+from draftsmith.serving.versions import add_version, get_version, read_decisions, read_serving, write_serving
 from draftsmith.target.server import VLLMServer, free_port
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def test_a_better_drafter_is_promoted_and_a_worse_one_rolled_back(small_demo, em
     s = load_settings(None, {
         "runs_dir": str(tmp_path / "runs"), "run": RUN, "redis": {"url": redis_url},
         "target": {"path": str(embedded_target), "enforce_eager": True, "max_model_len": 2048, "kv_cache_gib": 1},
-        "eval": {"k": 3}, "canary": {"min_requests": 8, "max_tokens": 48, "sets": ["alpaca"]},
+        "eval": {"k": 3}, "canary": {"min_requests": 8, "max_tokens": 48, "sets": ["gsm8k"]},
     })
     paths = RunPaths(s.runs_dir, RUN)
     client = redis.Redis.from_url(redis_url)
@@ -76,6 +76,8 @@ def test_a_better_drafter_is_promoted_and_a_worse_one_rolled_back(small_demo, em
         routes = read_routes(client, s.redis.prefix, RUN)
         assert (routes.stable, routes.stable_drafter, routes.canary) == (up.engine.url, "v2", None)
         assert read_serving(paths.root)["version"] == "v2"
+        prov = get_version(paths.root, "v2").provenance  # made by the demo run: its checkpoint and data
+        assert prov["run"] == str(run_dir.resolve()) and prov["checkpoint"]["step"] > 0 and prov["data_manifest_sha256"]
         assert metric(murl, "draftsmith_canary_decisions_total", run=RUN, decision="promote") == promotes + 1
         assert metric(murl, "draftsmith_serving_drafter_version", run=RUN) == 2
         assert metric(murl, "draftsmith_canary_acceptance_length", run=RUN, version="v2") == pytest.approx(

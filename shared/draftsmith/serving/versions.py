@@ -100,14 +100,19 @@ def _file_digest(path: Path) -> str | None:
 
 
 def provenance_of(paths: RunPaths, export_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Where an export came from: the export folder, the run's latest checkpoint record and the digests of its data
-    and records manifests (the data that made it), the build that exported it."""
+    """Where an export came from: the export folder, the latest checkpoint record and the digests of the data and
+    records manifests (the data that made it) of the run that exported it (the one whose ``export/`` holds it, else
+    ``paths``' run), the build that exported it."""
+    export_dir = Path(export_dir).resolve()
+    if export_dir.parent.name == paths.export.name:  # <runs>/<run>/export/<layout>: made by that run
+        paths = RunPaths(export_dir.parent.parent.parent, export_dir.parent.parent.name)
     latest = paths.checkpoints_latest
     cfg = config_path(Path(export_dir))
     code = json.loads(cfg.read_text()).get("code_version") if cfg.is_file() else None
     return {
         "schema": PROVENANCE_SCHEMA,
-        "export": str(Path(export_dir).resolve()),
+        "export": str(export_dir),
+        "run": str(paths.root),
         "checkpoint": json.loads(latest.read_text()) if latest.is_file() else None,
         "data_manifest_sha256": _file_digest(paths.data_manifest),
         "records_manifest_sha256": _file_digest(paths.records_manifest),
