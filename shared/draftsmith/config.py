@@ -37,6 +37,7 @@ from draftsmith.artifacts.run_settings import read_record
 from draftsmith.config_kinds import Host, Kind, Run, Section, key_kind
 from draftsmith.config_sections import (
     MASK,
+    CanaryConfig,
     DataConfig,
     EvalConfig,
     ExportConfig,
@@ -52,7 +53,7 @@ from draftsmith.config_sections import (
 from draftsmith.errors import ConfigError
 from draftsmith.log import get_logger
 
-__all__ = ["MASK", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
+__all__ = ["MASK", "CanaryConfig", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
            "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "adopt_recorded", "describe_fields",
            "key_kinds", "load_settings", "redact_url", "redacted_dump", "run_settings", "secret_value", "secrets_of",
            "settings_for_job", "settings_to_yaml", "with_run_settings"]
@@ -117,6 +118,7 @@ class Settings(BaseSettings):
     export: ExportConfig = Field(default_factory=ExportConfig, description="Export stage.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus metrics.")
+    canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Canary trials of drafter versions.")
 
     @classmethod
     def settings_customise_sources(

@@ -88,6 +88,19 @@ TRAIN_TOKENS_PER_S = Gauge(
 TRAIN_CHECKPOINTS = Counter(f"{NS}_train_checkpoints", "Checkpoints written.", ["run"])
 
 
+# ---- canary (draftsmith.serving.canary) ----
+CANARY_DECISIONS = Counter(
+    f"{NS}_canary_decisions", "Canary trials decided, by decision (promote or rollback).", ["run", "decision"]
+)
+SERVING_DRAFTER_VERSION = Gauge(
+    f"{NS}_serving_drafter_version", "N of the drafter version v<N> on the run's stable route.", ["run"],
+    multiprocess_mode="mostrecent",
+)
+CANARY_ACCEPT_LEN = Gauge(
+    f"{NS}_canary_acceptance_length", "Mean acceptance length per request (bonus token counted) of a drafter version "
+    "in the run's last canary trial.", ["run", "version"], multiprocess_mode="mostrecent",
+)
+
 def multiprocess_enabled() -> bool:
     """True when prometheus_client writes samples to ``PROMETHEUS_MULTIPROC_DIR`` (set before import)."""
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
