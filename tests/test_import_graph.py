@@ -201,7 +201,7 @@ TOP_IMPORTS_CHECKED = (
     "draftsmith.allocator", "draftsmith.config", "draftsmith.config_kinds", "draftsmith.config_sections",
     "draftsmith.demo", "draftsmith.demo_sizes", "draftsmith.errors", "draftsmith.log", "draftsmith.objectstore",
     "draftsmith.paths", "draftsmith.precision", "draftsmith.run_health", "draftsmith.signals", "draftsmith.sizing",
-    "draftsmith.staging", "draftsmith.status",
+    "draftsmith.staging", "draftsmith.status", "draftsmith.serving",
 )
 # Modules of those packages left out while their owner rewrites them (the checkpoint store).
 TOP_IMPORTS_PENDING = ("draftsmith.drafter.checkpoint",)

@@ -108,8 +108,8 @@ def no_engine(monkeypatch):
 def _random_export(target: Path, out: Path) -> Path:
     import torch
     from draftsmith.drafter.config import derive_config
-    from draftsmith.drafter.export import write_export
-    from draftsmith.drafter.model import Eagle3Drafter
+    from draftsmith.drafter.families.eagle3.export import write_export
+    from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 
     torch.manual_seed(0)
     return write_export(Eagle3Drafter(derive_config(target, 64)), out, "eagle3", verifier=str(target))

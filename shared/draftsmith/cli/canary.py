@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import time
 
+import redis
 import typer
 
+from draftsmith.artifacts.export import EAGLE3, layout_dir
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.paths import RunPaths
+from draftsmith.serving.routes import Routes, read_routes, write_routes
+from draftsmith.serving.versions import list_versions as versions
+from draftsmith.serving.versions import read_serving, versions_dir, write_serving
 
 
 @app.command("canary")
@@ -29,14 +35,7 @@ def canary_cmd(
     """Serve the candidate on a second vLLM engine, replay the same requests to both, compare acceptance from each
     engine's counters (paired bootstrap interval), then promote (routes' stable -> candidate; this command keeps
     the promoted engine serving until Ctrl-C) or roll back (candidate stopped). Exit 0: promoted; 3: rolled back."""
-    import redis
-
-    from draftsmith.artifacts.export import EAGLE3, layout_dir
-    from draftsmith.paths import RunPaths
     from draftsmith.serving.canary import run_canary
-    from draftsmith.serving.routes import Routes, read_routes, write_routes
-    from draftsmith.serving.versions import list_versions as versions
-    from draftsmith.serving.versions import read_serving, versions_dir, write_serving
 
     s = settings(run=run, canary={"share": share, "min_requests": min_requests, "threshold": threshold,
                                   "confidence": confidence}, eval={"k": k})

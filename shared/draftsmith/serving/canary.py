@@ -42,7 +42,14 @@ from draftsmith.paths import RunPaths
 from draftsmith.serving.canary_lock import TrialLock
 from draftsmith.serving.canary_stats import PROMOTE, decide, paired_ratio_interval
 from draftsmith.serving.routes import Routes, read_routes, write_routes
-from draftsmith.serving.versions import Version, add_version, append_decision, get_version, write_serving
+from draftsmith.serving.versions import (
+    Version,
+    add_version,
+    append_decision,
+    get_version,
+    version_number,
+    write_serving,
+)
 from draftsmith.target.checkpoint import target_checkpoint
 from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port, resolve_model
 
@@ -145,7 +152,6 @@ def _record(s: Settings, routes: Routes, version: str, replayed: Replay, decisio
 
 def _publish(s: Settings, record: dict[str, Any], serving: str | None) -> None:
     from draftsmith.metrics import CANARY_ACCEPT_LEN, CANARY_DECISIONS, SERVING_DRAFTER_VERSION
-    from draftsmith.serving.versions import version_number
 
     CANARY_DECISIONS.labels(s.run, record["decision"]).inc()
     if record["current"]:
