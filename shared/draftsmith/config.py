@@ -37,10 +37,12 @@ from draftsmith.artifacts.run_settings import read_record
 from draftsmith.config_kinds import Host, Kind, Run, Section, key_kind
 from draftsmith.config_sections import (
     MASK,
+    CaptureConfig,
     DataConfig,
     EvalConfig,
     ExportConfig,
     ExtractConfig,
+    GatewayConfig,
     GenerationConfig,
     MetricsConfig,
     RedisConfig,
@@ -51,7 +53,7 @@ from draftsmith.config_sections import (
 )
 from draftsmith.errors import ConfigError
 
-__all__ = ["MASK", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
+__all__ = ["MASK", "CaptureConfig", "GatewayConfig", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
            "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "adopt_recorded", "describe_fields",
            "key_kinds", "load_settings", "redact_url", "redacted_dump", "run_settings", "secret_value", "secrets_of",
            "settings_for_job", "settings_to_yaml", "with_run_settings"]
@@ -116,6 +118,8 @@ class Settings(BaseSettings):
     export: ExportConfig = Field(default_factory=ExportConfig, description="Export stage.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus metrics.")
+    capture: CaptureConfig = Field(default_factory=CaptureConfig, description="Capture of served traffic.")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="The gateway in front of the engines.")
 
     @classmethod
     def settings_customise_sources(
