@@ -18,12 +18,14 @@ import asyncio
 import contextlib
 import json
 import random
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import httpx
 import redis
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -226,3 +228,29 @@ async def flush_periodically(gateway: Gateway, every_s: float) -> None:
         await asyncio.sleep(every_s)
         if gateway.capture is not None and gateway.capture.due():
             await gateway.flush()
+
+
+@contextlib.contextmanager
+def serve_in_background(gateway: Gateway, addr: str = "127.0.0.1", port: int = 0,
+                        timeout_s: float = 30.0) -> Iterator[str]:
+    """Run ``gateway`` under uvicorn in a thread of this process; yields its base URL and stops it on exit (what
+    capture holds is written). For tests and ``bench/capture.py``; the service runs ``draftsmith gateway``.
+
+    Raises:
+        RuntimeError: the server did not start within ``timeout_s`` seconds.
+    """
+    server = uvicorn.Server(uvicorn.Config(gateway.app(), host=addr, port=port, log_level="warning",
+                                           access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway did not start on {addr}:{port}")
+        time.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{addr}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout_s)
