@@ -37,12 +37,10 @@ from draftsmith.artifacts.run_settings import read_record
 from draftsmith.config_kinds import Host, Kind, Run, Section, key_kind
 from draftsmith.config_sections import (
     MASK,
-    CaptureConfig,
     DataConfig,
     EvalConfig,
     ExportConfig,
     ExtractConfig,
-    GatewayConfig,
     GenerationConfig,
     MetricsConfig,
     RedisConfig,
@@ -51,6 +49,7 @@ from draftsmith.config_sections import (
     redact_url,
     secret_value,
 )
+from draftsmith.config_serving import CaptureConfig, GatewayConfig
 from draftsmith.errors import ConfigError
 
 __all__ = ["MASK", "CaptureConfig", "GatewayConfig", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
