@@ -148,7 +148,7 @@ class Gateway:
                 chat = None  # the engine answers the bad body with its own 400
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers["accept-encoding"] = "identity"  # the answer is read for capture and passed on as it is
-        url = httpx.URL(up.url + request.url.path, query=request.url.query.encode())
+        url = up.url + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         req = self.client.build_request(request.method, url, headers=headers, content=body)
         M.GATEWAY_ADDED_LATENCY.labels(self.run).observe(time.perf_counter() - t0)
         sent = time.perf_counter()
