@@ -191,7 +191,10 @@ class Gateway:
                     answer = answer_of_json(json.loads(bytes(whole)), latency)
                 except ValueError:
                     answer = None
-            await self._capture(chat, answer, up)
+            try:
+                await self._capture(chat, answer, up)
+            except Exception:  # the client has its whole answer: a capture that fails must not break its request
+                log.exception("capturing a request failed; the request itself was served")
 
     async def _capture(self, chat: dict, answer: Answer | None, up: Upstream) -> None:
         """Record one served request (masked) and write the held records when due, off the event loop."""
