@@ -126,3 +126,13 @@ def test_route_table_reads_routes_at_most_once_per_refresh(redis_url):
     assert (table.pick(0.3).role, table.pick(0.3).url) == ("stable", "http://s:1")
     broken = RouteTable(redis.Redis(port=1), "ds", "r", "http://fallback:8000", refresh_s=0.0)
     assert broken.pick(0.0).role == "fallback"  # Redis unreachable: no routes known, the fallback serves
+
+
+def test_capture_is_off_by_default_and_a_bad_mask_expression_is_named():
+    import pytest
+    from pydantic import ValidationError
+
+    assert CaptureConfig().enabled is False
+    assert Capture(CaptureConfig(), "unused", 0.0, "t").sampled(0.0) is False
+    with pytest.raises(ValidationError, match=r"mask_regex '\(bad' is not a regular expression"):
+        CaptureConfig(mask_regex=["(bad"])
