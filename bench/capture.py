@@ -55,7 +55,7 @@ def main() -> None:
         spec = VLLMServerSpec(model=path, served_name=EMBEDDED_NAME, port=free_port(), max_model_len=2048,
                               kv_cache_gib=1, enforce_eager=True)
         server = VLLMServer(spec, Path(tempfile.mkdtemp()) / "vllm.log").start(timeout_s=900)
-        url = server.url()
+        url = server.url
     try:
         with tempfile.TemporaryDirectory() as d:
             cap = Capture(CaptureConfig(enabled=True, sample_rate=1.0, flush_records=16), Path(d) / "records", 0.0,
