@@ -88,7 +88,7 @@ def test_a_routes_change_while_streams_run_fails_none(vllm_server, redis_url):
             if i == 3:  # half the streams started: the canary takes every new request
                 write_routes(client, "t", run, Routes(stable=vllm_server, stable_drafter="v1", canary=other,
                                                       canary_drafter="v2", canary_share=1.0))
-            s = http.stream("POST", gw + "/v1/chat/completions", json=body).__enter__()
+            s = http.send(http.build_request("POST", gw + "/v1/chat/completions", json=body), stream=True)
             assert s.status_code == 200
             it = s.iter_lines()
             lines.append([next(it)])  # the first event arrived: the request is in flight on its engine
