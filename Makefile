@@ -198,6 +198,7 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  peer.py --run R                    draftsmith's drafter vs speculators' on a run's data, in vLLM (~hours)"
 	@echo "  peer_speculators.py --run R        only the peer's side: its data and training (used by peer.py)"
 	@echo "  protocol.py                        the comparisons' prompt split and seed-and-prompt interval (a library; prints the split)"
+	@echo "  capture.py [--url URL]             the gateway with capture on vs direct requests to vLLM CPU (RATIO capture_latency)"
 	@echo "  family_probe.py [--family F]       a random drafter per family served in vLLM: loads, drafts, identical (~5 min)"
 	@echo "  families.py --quick|--run R        EAGLE-3, P-EAGLE, DFlash trained on one run, speedup in vLLM (~30 min)"
 	@echo "  scripts/gpu-check.sh               the GPU host's one prepared run of the above (not a bench/ file)"

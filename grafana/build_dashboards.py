@@ -174,6 +174,31 @@ SERVING = Dashboard(
         Panel("Evaluator: speedup and output tokens / s", [
             (f"max by (engine, set) (draftsmith_eval_speedup{{{RUN}}})", "speedup {{engine}} {{set}}"),
             (f"max by (engine, set) (draftsmith_eval_output_tokens_per_second{{{RUN}}})", "tok/s {{engine}} {{set}}")]),
+        Panel("Gateway requests / s by upstream and status", [(
+            f"sum by (upstream, status) (rate(draftsmith_gateway_requests_total{{{RUN}}}[{RI}]))",
+            "{{upstream}} {{status}}")], unit="reqps", width=8,
+            description="`draftsmith gateway`: stable, canary, or fallback (no routes stored); status `error`: the "
+            "engine could not be reached or broke mid-answer."),
+        Panel("Gateway: captured and masked / s", [
+            (f"sum by (kind) (rate(draftsmith_gateway_captured_total{{{RUN}}}[{RI}]))", "captured {{kind}}"),
+            (f"sum by (kind) (rate(draftsmith_gateway_masked_total{{{RUN}}}[{RI}]))", "masked {{kind}}")],
+            width=8, description="Captured into the run's records (answered, or the prompt alone) and spans masked."),
+        Panel("Gateway added latency p50 / p99", [
+            (f"histogram_quantile(0.5, sum by (le) (rate(draftsmith_gateway_added_latency_seconds_bucket{{{RUN}}}[{RI}])))",
+             "p50"),
+            (f"histogram_quantile(0.99, sum by (le) (rate(draftsmith_gateway_added_latency_seconds_bucket{{{RUN}}}[{RI}])))",
+             "p99")], unit="s", width=8),
+        Panel("Canary: mean acceptance length per drafter version", [(
+            f"max by (version) (draftsmith_canary_acceptance_length{{{RUN}}})", "{{version}}")], width=8,
+            description="Each version's mean per-request acceptance length in the run's last canary trial, from its "
+            "engine's own counters over the same replayed requests (`draftsmith canary`, docs/serving.md)."),
+        Panel("Canary decisions", [(
+            f"sum by (decision) (increase(draftsmith_canary_decisions_total{{{RUN}}}[{RI}]))", "{{decision}}")],
+            width=8, description="Trials decided: promote or rollback; each also a line of "
+            "runs/<run>/drafters/decisions.jsonl."),
+        Panel("Serving drafter version", [(
+            f"max by (run) (draftsmith_serving_drafter_version{{{RUN}}})", "v {{run}}")], kind="stat", width=8,
+            description="N of the version v<N> on the run's stable route after the last decision."),
     ],
 )
 

@@ -37,7 +37,6 @@ from draftsmith.artifacts.run_settings import read_record
 from draftsmith.config_kinds import Host, Kind, Run, Section, key_kind
 from draftsmith.config_sections import (
     MASK,
-    CanaryConfig,
     DataConfig,
     EvalConfig,
     ExportConfig,
@@ -50,10 +49,11 @@ from draftsmith.config_sections import (
     redact_url,
     secret_value,
 )
+from draftsmith.config_serving import CanaryConfig, CaptureConfig, GatewayConfig
 from draftsmith.errors import ConfigError
 from draftsmith.log import get_logger
 
-__all__ = ["MASK", "CanaryConfig", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
+__all__ = ["MASK", "CanaryConfig", "CaptureConfig", "GatewayConfig", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
            "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "adopt_recorded", "describe_fields",
            "key_kinds", "load_settings", "redact_url", "redacted_dump", "run_settings", "secret_value", "secrets_of",
            "settings_for_job", "settings_to_yaml", "with_run_settings"]
@@ -119,6 +119,8 @@ class Settings(BaseSettings):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus metrics.")
     canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Canary trials of drafter versions.")
+    capture: CaptureConfig = Field(default_factory=CaptureConfig, description="Capture of served traffic.")
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="The gateway in front of the engines.")
 
     @classmethod
     def settings_customise_sources(

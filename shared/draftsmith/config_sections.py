@@ -404,24 +404,6 @@ class EvalConfig(Section):
     request_timeout_s: float = Host(600.0, gt=0, description="Client timeout of one eval request, in seconds.")
 
 
-class CanaryConfig(Section):
-    """A drafter version tried beside the serving one, then promoted or rolled back (docs/serving.md)."""
-
-    share: float = Host(0.0, ge=0.0, le=1.0, description="Share of live traffic the gateway sends to the candidate "
-                        "during a trial (0 = replayed prompts only).")
-    sets: list[str] = Run(default_factory=lambda: ["alpaca"], description="Prompts replayed to both engines: "
-                          "bundled eval set names or JSONL paths with a turns list (e.g. captured traffic).")
-    min_requests: int = Run(16, ge=2, description="Requests replayed to both engines (and the fewest a decision "
-                            "is made on).")
-    max_tokens: int = Run(64, ge=1, description="Most new tokens per replayed answer.")
-    threshold: float = Run(1.0, gt=0.0, description="Promote when the interval's low end of candidate / current "
-                           "mean acceptance length is above this.")
-    confidence: float = Run(0.9, gt=0.0, lt=1.0, description="Confidence level of the paired bootstrap interval.")
-    resamples: int = Run(2000, ge=100, description="Bootstrap resamples.")
-    lock_timeout_s: float = Host(60.0, gt=0, description="The trial lock expires this long after its holder stops "
-                                 "renewing it (a crashed canary frees the run).")
-
-
 class MetricsConfig(Section):
     """Prometheus metrics of draftsmith's own processes."""
 

@@ -342,3 +342,23 @@ EVAL_SPEEDUP = Gauge(
 )
 for _c in (EVAL_ACCEPTANCE_RATE, EVAL_ACCEPTANCE_LENGTH, EVAL_ACCEPTANCE_POSITION, EVAL_OUTPUT_TPS, EVAL_SPEEDUP):
     _DEFAULT_REGISTRY.register(_c)
+
+
+# ---- gateway (serving) ----
+GATEWAY_REQUESTS = Counter(
+    f"{NS}_gateway_requests", "Requests passed through the gateway, by upstream role (stable, canary, fallback) and "
+    "HTTP status (or 'error' when the upstream could not be reached or broke mid-answer).", ["run", "upstream", "status"],
+)
+GATEWAY_CAPTURED = Counter(
+    f"{NS}_gateway_captured", "Captured requests written to the run's records, by kind (answered: with the target's "
+    "answer at the training temperature; prompt: the prompt alone).", ["run", "kind"],
+)
+GATEWAY_MASKED = Counter(
+    f"{NS}_gateway_masked", "Spans masked in captured requests before writing, by kind (api_key, email, ...).",
+    ["run", "kind"],
+)
+GATEWAY_ADDED_LATENCY = Histogram(
+    f"{NS}_gateway_added_latency_seconds", "Time the gateway adds to a request before its upstream is asked "
+    "(routing, reading the body), in seconds.", ["run"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+)

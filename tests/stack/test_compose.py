@@ -67,9 +67,11 @@ def write_env(tmp_path: Path, **values: str) -> Path:
 
 def test_services_present(services):
     assert set(services) == {"redis", "target-vllm", "target-sglang", "target-cpu", "generator", "extractor",
-                             "trainer", "evaluator", "queue-exporter", "pushgateway", "prometheus", "grafana", "objectstore"}
+                             "trainer", "evaluator", "queue-exporter", "pushgateway", "prometheus", "grafana", "objectstore",
+                             "gateway"}
     assert services["target-vllm"]["profiles"] == ["vllm"] and services["target-sglang"]["profiles"] == ["sglang"]
     assert services["target-cpu"]["profiles"] == ["cpu"]
+    assert services["gateway"]["profiles"] == ["serving"]  # opt-in: the stack test's profiles leave it out
 
 
 def test_images_and_build_contexts_exist(services):
@@ -141,7 +143,7 @@ def test_healthchecks_on_long_running_services(services):
     for name in long_running:
         hc = services[name].get("healthcheck")
         assert hc and hc["test"] and hc["interval"], f"{name} has no health check"
-    for name in ("generator", "extractor", "queue-exporter"):
+    for name in ("generator", "extractor", "queue-exporter", "gateway"):
         assert "9400/metrics" in " ".join(services[name]["healthcheck"]["test"]), name
 
 
@@ -203,8 +205,8 @@ def test_ports_only_on_localhost(services):
             opt_in = {"redis": "${REDIS_BIND:-127.0.0.1}:", "objectstore": "${S3_BIND:-127.0.0.1}:"}.get(name)
             assert str(p).startswith("127.0.0.1:") or (opt_in and str(p).startswith(opt_in)), \
                 f"{name} publishes {p} beyond localhost"
-    # redis, three target profiles, prometheus, grafana, the object store (pushgateway: internal only)
-    assert published == 7
+    # redis, three target profiles, prometheus, grafana, the object store, the gateway (pushgateway: internal only)
+    assert published == 8
     assert env_example()["REDIS_BIND"] == env_example()["S3_BIND"] == "127.0.0.1"
     for name in PROJECT_SERVICES:
         assert "ports" not in services[name], f"{name} must talk over the compose network only"

@@ -1,0 +1,42 @@
+"""``draftsmith gateway``: the OpenAI-compatible pass-through in front of the engines (docs/serving.md)."""
+
+from __future__ import annotations
+
+import redis
+import typer
+
+from draftsmith.cli import app, settings
+from draftsmith.cli.options import setting_option
+from draftsmith.paths import RunPaths
+from draftsmith.serving.capture import Capture
+
+
+@app.command("gateway")
+def gateway(
+    port: int = setting_option("gateway.port", "--port"),
+    addr: str = setting_option("gateway.addr", "--addr"),
+    upstream: str = setting_option("gateway.upstream", "--upstream"),
+    capture: bool = typer.Option(None, "--capture/--no-capture", help="capture.enabled: capture sampled requests "
+                                 "into the run's records (off by default)."),
+) -> None:
+    """Serve the run's engines behind one OpenAI-compatible address: each new request goes to the engine the run's
+    routes name (stable, or the canary's share), else to gateway.upstream (target.url); sampled chat requests are
+    captured into the run's records when capture is on; /metrics has the gateway's counters."""
+    import uvicorn
+
+    from draftsmith.serving.gateway import (  # its metrics exist once imported (docs/metrics.md)
+        Gateway,
+        RouteTable,
+    )
+
+    s = settings(gateway={"port": port, "addr": addr, "upstream": upstream}, capture={"enabled": capture})
+    g = s.gateway
+    table = RouteTable(redis.Redis.from_url(s.redis.url), s.redis.prefix, s.run, g.upstream or s.target.url,
+                       g.routes_refresh_s)
+    cap = None
+    if s.capture.enabled:
+        cap = Capture(s.capture, RunPaths(s.runs_dir, s.run).records, s.generation.temperature, s.run)
+    typer.echo(f"gateway on http://{g.addr}:{g.port} for run {s.run}: fallback {table.fallback.url}, capture "
+               f"{'on at ' + str(s.capture.sample_rate) if cap else 'off'}")
+    uvicorn.run(Gateway(table, cap, s.run, g.request_timeout_s).app(), host=g.addr, port=g.port,
+                log_level=s.log_level.lower(), access_log=False)
