@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from contextlib import closing, nullcontext
 from typing import Any
 
@@ -23,10 +22,11 @@ import torch
 from torch import nn
 
 from draftsmith.allocator import keep_freed_memory_for
+from draftsmith.artifacts.checkpoint_store import checkpoint_store
+from draftsmith.artifacts.checkpoints import CheckpointStore
 from draftsmith.drafter.checkpoint import (
     full_model_state,
     full_optimizer_state,
-    latest_checkpoint,
     load_model_weights,
     load_optimizer_state,
     model_state,
@@ -62,14 +62,20 @@ class Trainer:
         DataError: missing/empty data, features of another target or data, a missing draft vocabulary.
         ModelError: bad target folder, pretrained drafter or checkpoint that does not fit.
         TrainingError: a resume state that does not match this run (another draft vocabulary).
+
+    Args:
+        checkpoints: where checkpoints are saved and resumed from; None: the run's own store
+            (:func:`~draftsmith.artifacts.checkpoint_store.checkpoint_store` of ``runs_dir/run``). A run on an object
+            store trains in a working copy and passes the store of the run's URL, which sends each checkpoint up.
     """
 
-    def __init__(self, settings, features: FeatureSource | None = None) -> None:
+    def __init__(self, settings, features: FeatureSource | None = None,
+                 checkpoints: CheckpointStore | None = None) -> None:
         from draftsmith.target.checkpoint import target_checkpoint
 
         self.s, self.tc = settings, settings.train
         self.paths = RunPaths(settings.runs_dir, settings.run)
-        self.after_checkpoint: Callable[[], None] | None = None  # called on the main rank after each checkpoint
+        self.checkpoints = checkpoints or checkpoint_store(self.paths.root, settings.stage_dir)
         self.dist = setup_distributed(self.tc.device)
         torch.manual_seed(self.tc.seed)
         self.target_path = str(target_checkpoint(settings))
@@ -104,7 +110,7 @@ class Trainer:
         if self.tc.freeze_lm_head:  # EAGLE-1's choice: the target's own head reads the drafter's state
             self.model.lm_head.weight.requires_grad_(False)
         self._resume_at, self.curve = (0, 0, 0), []  # step, epoch, micro-batch position; drafter/curve.py
-        ckpt = latest_checkpoint(self.paths.checkpoints) if self.tc.resume else None
+        ckpt = self.checkpoints.latest() if self.tc.resume else None
         if ckpt is not None:
             self._resume_weights(ckpt)  # before sharding: the file holds whole tensors
         self.model.to(self.dist.device)
@@ -284,13 +290,11 @@ class Trainer:
         if self.dist.main:
             from draftsmith import metrics
 
-            save_checkpoint(self.paths.checkpoints, model_state(self.model, full_model), full_optim, self.sched, {
+            save_checkpoint(self.checkpoints, model_state(self.model, full_model), full_optim, self.sched, {
                 "step": self.step, "epoch": self.epoch, "position": self.position, "learning_curve": self.curve,
                 "config": self.s.model_dump(mode="json"), "drafter": self.cfg.to_dict(),
                 "vocab_hash": self.vocab_hash, "target": self.target_path}, self.tc.keep)
             metrics.TRAIN_CHECKPOINTS.labels(self.s.run).inc()
-            if self.after_checkpoint is not None:  # a run on an object store: the checkpoint goes up now
-                self.after_checkpoint()
         if self.dist.world > 1:
             torch.distributed.barrier()
 
@@ -353,9 +357,9 @@ class Trainer:
         if not saved:
             self._save()
         signum = stop.signum or signal.SIGTERM  # another rank's signal under DDP
-        ckpt = latest_checkpoint(self.paths.checkpoints)
+        ckpt = self.checkpoints.latest()
         return Interrupted(f"checkpoint {ckpt.name if ckpt else '?'} (step {self.step}/{self.total_steps}) in "
-                           f"{self.paths.checkpoints}",
+                           f"{self.checkpoints.folder}",
                            f"run `draftsmith train --run {self.s.run}` again to resume from it", signum=int(signum))
 
     def _run(self, stop, stop_at: int | None) -> dict[str, Any]:
@@ -447,4 +451,4 @@ class Trainer:
                           "accept_len": None if last_train.empty else last_train.acceptance_length},
                 "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,
                                                       "accept_len": held.acceptance_length},
-                "checkpoint": str(latest_checkpoint(self.paths.checkpoints))}
+                "checkpoint": str(self.checkpoints.latest())}
