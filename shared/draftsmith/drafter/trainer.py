@@ -56,25 +56,20 @@ log = get_logger(__name__)
 
 
 class Trainer:
-    """Build everything from the settings (validating inputs first), then :meth:`run`.
+    """Build everything from the settings (validating inputs first), then :meth:`run`; ``checkpoints``: the run's
+    :class:`CheckpointStore` (default: that of ``runs_dir/run``; a run on an object store passes its URL's).
 
     Raises (from the constructor):
         DataError: missing/empty data, features of another target or data, a missing draft vocabulary.
         ModelError: bad target folder, pretrained drafter or checkpoint that does not fit.
         TrainingError: a resume state that does not match this run (another draft vocabulary).
-
-    Args:
-        checkpoints: where checkpoints are saved and resumed from; None: the run's own store
-            (:func:`~draftsmith.artifacts.checkpoint_store.checkpoint_store` of ``runs_dir/run``). A run on an object
-            store trains in a working copy and passes the store of the run's URL, which sends each checkpoint up.
     """
 
     def __init__(self, settings, features: FeatureSource | None = None,
                  checkpoints: CheckpointStore | None = None) -> None:
         from draftsmith.target.checkpoint import target_checkpoint
 
-        self.s, self.tc = settings, settings.train
-        self.paths = RunPaths(settings.runs_dir, settings.run)
+        self.s, self.tc, self.paths = settings, settings.train, RunPaths(settings.runs_dir, settings.run)
         self.checkpoints = checkpoints or checkpoint_store(self.paths.root, settings.stage_dir)
         self.dist = setup_distributed(self.tc.device)
         torch.manual_seed(self.tc.seed)
