@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from draftsmith.artifacts.checkpoint_store import checkpoint_store
 from draftsmith.artifacts.checkpoints import STATE_FILE, read_state
 from draftsmith.artifacts.local_checkpoints import LocalCheckpointStore
-from draftsmith.artifacts.location import local_root, run_location
+from draftsmith.artifacts.location import run_location
 from draftsmith.artifacts.object_checkpoints import ObjectCheckpointStore
 from draftsmith.errors import ModelError, StorageError
 
@@ -34,15 +33,6 @@ def stored(store: ObjectCheckpointStore) -> set[str]:
     """Top-level names of the objects under the store's checkpoints (objects, not the filer's folder names)."""
     fs, base = store.remote.fs, store.remote.path
     return {str(p)[len(base) + 1:].split("/")[0] for p in fs.find(base)}
-
-
-def test_the_local_store_is_picked_for_a_path_and_kept(tmp_path):
-    store = checkpoint_store(tmp_path / "runs" / "r", tmp_path / "stage")
-    assert isinstance(store, LocalCheckpointStore) and store.folder == (tmp_path / "runs" / "r" / "checkpoints")
-    assert checkpoint_store(str(tmp_path / "runs" / "r"), tmp_path / "stage") is store
-    remote = checkpoint_store("s3://bucket/runs/r", tmp_path / "stage")
-    assert isinstance(remote, ObjectCheckpointStore) and str(remote.remote) == "s3://bucket/runs/r/checkpoints"
-    assert remote.folder == local_root(tmp_path / "stage", "s3://bucket/runs/r") / "checkpoints"
 
 
 def test_a_crash_mid_save_leaves_the_last_good_checkpoint(tmp_path):
