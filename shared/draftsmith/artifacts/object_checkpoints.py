@@ -81,8 +81,9 @@ class ObjectCheckpointStore(LocalCheckpointStore):
             return None
 
     def _another_writer(self, name: str, when: int) -> StorageError:
-        return StorageError(f"another trainer saved checkpoint {name} of {self.remote} at {when} ns since the epoch, "
-                            "while this one was training", "train a run with one trainer at a time: stop the other, "
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when / 1e9))
+        return StorageError(f"another trainer saved checkpoint {name} of {self.remote} at {at}, while this one was "
+                            "training", "train a run with one trainer at a time: stop the other, "
                             "or train into another run name")
 
     def _send(self, ckpt: Path) -> None:
