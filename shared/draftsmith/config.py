@@ -32,7 +32,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.location import Location, run_location
 from draftsmith.artifacts.run_settings import read_record
 from draftsmith.config_kinds import Host, Kind, Run, Section, key_kind
 from draftsmith.config_sections import (
@@ -331,7 +331,7 @@ def with_run_settings(host: Settings, run: dict[str, Any]) -> tuple[Settings, li
     return out, ignored
 
 
-def adopt_recorded(s: Settings, run_root: Any, sections: tuple[str, ...]) -> tuple[Settings, list[str]]:
+def adopt_recorded(s: Settings, run_root: Location, sections: tuple[str, ...]) -> tuple[Settings, list[str]]:
     """``s`` with every run key of ``sections`` that it leaves at its default
     (no file, variable or flag sets it) taken from the run's record
     (:mod:`draftsmith.artifacts.run_settings`): an enqueue run again without its flags (a

@@ -1,7 +1,7 @@
 """A working copy of a run on an object store, for the stages that compute on local files.
 
 Generation writes straight to the store (:mod:`draftsmith.artifacts.object_records`): many small writes from many
-hosts. The later stages read and write large files with memory maps and torch (samples, features, checkpoints), so
+hosts. The later stages read and write large files with memory maps and torch (samples, features), so
 a stage of a run whose ``runs_dir`` is a URL works on a local copy of the run under ``stage_dir``:
 
 1. pull: the folders the stage reads come down from the store, each file only when the local copy lacks it or
@@ -17,16 +17,15 @@ a stage of a run whose ``runs_dir`` is a URL works on a local copy of the run un
    finished work; only the manifests and ``latest.json`` are replaced, each in one PUT.
 
 A host that dies mid-stage loses only what it had not pushed; the next run of the stage, on any host, pulls what
-was pushed and resumes from there (training: from the last pushed checkpoint, :func:`push` is called after each
-checkpoint). Checkpoints come down as the latest one only, and the store keeps as many as the trainer keeps locally
-(``train.keep``): older folders are removed after each push.
+was pushed and resumes from there. Checkpoints do not travel this way: the run's checkpoint store
+(:mod:`draftsmith.artifacts.object_checkpoints`) sends each one up as it is saved and brings down the latest one
+(or one named) when a trainer or an export asks for it; a pull of ``checkpoints`` here goes through that store.
 
 This module sits below the stages (docs/architecture.md): it copies files and knows the artifacts' pointers and
 manifests (:mod:`draftsmith.artifacts`), never a stage's code."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 from draftsmith.artifacts import data as data_artifact
 from draftsmith.artifacts import features as features_artifact
 from draftsmith.artifacts import records as records_artifact
-from draftsmith.artifacts.checkpoints import LATEST_FILE, STATE_FILE, read_latest
+from draftsmith.artifacts.checkpoints import LATEST_FILE
 from draftsmith.artifacts.location import (
     Location,
     describe_store_error,
     is_remote,
-    list_names,
-    run_key,
+    local_root,
     run_location,
 )
+from draftsmith.artifacts.object_checkpoints import CHECKPOINTS, ObjectCheckpointStore
 from draftsmith.log import get_logger
 
 if TYPE_CHECKING:
@@ -53,18 +52,10 @@ if TYPE_CHECKING:
 log = get_logger("draftsmith.staging")
 
 FEATURES = "features"
-CHECKPOINTS = "checkpoints"
 STATUS = "status"
 # rewritten in place by the stages (a new version may have the old one's size): pushed every time
 REPLACED = frozenset({LATEST_FILE, data_artifact.MANIFEST_FILE, features_artifact.MANIFEST_FILE,
                       records_artifact.MANIFEST_FILE, "config.yaml"})
-
-
-def local_root(stage_dir: Path, run_root: Location | str) -> Path:
-    """The working copy of the run at URL ``run_root``: ``<stage_dir>/<12 hex of the URL>/<run>`` (a hash, so two
-    stores or buckets with the same run name never share a copy)."""
-    h = hashlib.sha1(run_key(run_root).encode()).hexdigest()[:12]
-    return Path(stage_dir).expanduser() / h / run_location(run_root).name
 
 
 def _remote_files(root: UPath, folder: str) -> dict[str, int]:
@@ -85,33 +76,10 @@ def _remote_files(root: UPath, folder: str) -> dict[str, int]:
 
 
 def _pull_latest_checkpoint(root: UPath, local: Path) -> int:
-    """``checkpoints/latest.json`` and the one folder it names: a resume and an export need no other (an older
-    checkpoint is pulled by naming its folder, ``checkpoints/step-XXXXXXXX``). Returns the files copied."""
-    n = pull(root, local, (f"{CHECKPOINTS}/{LATEST_FILE}",))
-    name = read_latest(local / CHECKPOINTS) if (root / CHECKPOINTS / LATEST_FILE).exists() else None
-    return n + (pull(root, local, (f"{CHECKPOINTS}/{name}",)) if name else 0)
-
-
-def prune_checkpoints(root: UPath, keep: int) -> list[str]:
-    """Remove from the store the checkpoint folders older than its newest ``keep`` complete ones (those with a
-    ``state.json``), as the trainer rotates its local folder (``train.keep``); newer incomplete folders (a push
-    under way) stay. Returns the names removed.
-
-    Raises:
-        StorageError: the store failed.
-    """
-    folder = root / CHECKPOINTS
-    names = [n for n in list_names(folder, "") if n.startswith("step-")]
-    complete = [n for n in names if (folder / n / STATE_FILE).exists()]
-    if len(complete) <= keep:
-        return []
-    gone = [n for n in names if n < complete[-keep]]
-    for n in gone:
-        try:
-            folder.fs.rm(f"{folder.path}/{n}", recursive=True)
-        except Exception as e:
-            raise describe_store_error(folder / n, e) from e
-    return gone
+    """``checkpoints/latest.json`` and the one folder it names, through the run's checkpoint store: a resume and an
+    export need no other (an older checkpoint is pulled by naming its folder, ``checkpoints/step-XXXXXXXX``).
+    Returns the files copied."""
+    return ObjectCheckpointStore(root, local / CHECKPOINTS).pull_latest()
 
 
 def pull(root: UPath, local: Path, parts: Sequence[str]) -> int:
@@ -208,21 +176,3 @@ def staged(s, pull_parts: Sequence[str], push_parts: Sequence[str],
     finally:
         sent = push(local, root, push_parts)
         log.info("%d file(s) of %s pushed to %s", sent, ", ".join(push_parts), root)
-
-
-def pusher(s, parts: Sequence[str], keep_checkpoints: int = 0):
-    """A call that pushes ``parts`` of the working copy of the run of settings ``s`` (the store's, not the copy's)
-    to its store now, or None for a local run: the trainer calls it after each checkpoint, so a host lost mid-run
-    loses at most the steps since the last one. With ``keep_checkpoints`` it then prunes the store's checkpoints to
-    that many (:func:`prune_checkpoints`)."""
-    if not is_remote(s.runs_dir):
-        return None
-    root = run_location(s.runs_dir) / s.run
-    local = local_root(s.stage_dir, root)
-
-    def push_now() -> None:
-        push(local, root, parts)
-        if keep_checkpoints and (gone := prune_checkpoints(root, keep_checkpoints)):
-            log.info("removed %s from %s (train.keep = %d)", ", ".join(gone), root / CHECKPOINTS, keep_checkpoints)
-
-    return push_now

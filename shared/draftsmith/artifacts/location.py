@@ -14,6 +14,7 @@ SeaweedFS or MinIO), as the AWS CLI does.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -83,6 +84,13 @@ def run_key(root: Location | str) -> str:
     if is_remote(root):
         return str(root).rstrip("/")
     return str(Path(root).resolve())
+
+
+def local_root(stage_dir: Path, run_root: Location | str) -> Path:
+    """This host's working copy of the run at URL ``run_root``: ``<stage_dir>/<12 hex of the URL>/<run>`` (a hash,
+    so two stores or buckets with the same run name never share a copy)."""
+    h = hashlib.sha1(run_key(run_root).encode()).hexdigest()[:12]
+    return Path(stage_dir).expanduser() / h / run_location(run_root).name
 
 
 _USERINFO = re.compile(r"(://)([^/@]*)@")

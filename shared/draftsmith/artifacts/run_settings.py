@@ -22,32 +22,31 @@ import json
 import time
 from typing import Any
 
+from draftsmith.artifacts.location import Location, read_bytes, run_location
 from draftsmith.artifacts.provenance import code_version, config_sha256
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import ConfigError, RunSettingsMismatch
 
 RUN_SETTINGS_FILE = "run-settings.json"
 RUN_SETTINGS_SCHEMA = "draftsmith.run-settings/1"
 
 
-def record_path(run_root: Any) -> Any:
-    """``runs/<run>/run-settings.json`` (a local path, or an object of a run on a store)."""
-    from draftsmith.artifacts.location import run_location
-
+def record_path(run_root: Location | str) -> Location:
+    """``runs/<run>/run-settings.json`` (a local path, or an object of a run on a store); ``run_root`` as a string
+    is the run's path or URL as a queued job carries it."""
     return run_location(run_root) / RUN_SETTINGS_FILE
 
 
-def read_record(run_root: Any) -> dict[str, Any] | None:
+def read_record(run_root: Location | str) -> dict[str, Any] | None:
     """The run's record, or None when no stage has recorded one yet.
 
     Raises:
         ConfigError: the file exists but is not a record of this schema (the message names the file).
         StorageError: the object store of a remote run failed.
     """
-    from draftsmith.artifacts.location import is_remote, read_bytes
-
     path = record_path(run_root)
     try:
-        doc = json.loads(read_bytes(path) if is_remote(path) else path.read_bytes())
+        doc = json.loads(read_bytes(path))
     except FileNotFoundError:
         return None
     except ValueError as e:
@@ -58,7 +57,7 @@ def read_record(run_root: Any) -> dict[str, Any] | None:
     return doc
 
 
-def record(run_root: Any, run_part: dict[str, Any], sections: tuple[str, ...]) -> list[str]:
+def record(run_root: Location | str, run_part: dict[str, Any], sections: tuple[str, ...]) -> list[str]:
     """Record ``sections`` of ``run_part`` (:func:`draftsmith.config.run_settings`) as the run's, replacing what
     those sections held and keeping the others.
 
@@ -66,8 +65,6 @@ def record(run_root: Any, run_part: dict[str, Any], sections: tuple[str, ...]) -
         ``["section.key: old -> new", ...]`` for every recorded value this changed, for the enqueuer's log: jobs
         still queued with the old values are refused by the workers from now on.
     """
-    from draftsmith.artifacts.storage import atomic_write_text
-
     doc = read_record(run_root) or {"schema": RUN_SETTINGS_SCHEMA, "sections": {}, "recorded": {}}
     changed = []
     for name in sections:
@@ -98,7 +95,7 @@ def disagreements(recorded: dict[str, Any], run_part: dict[str, Any],
     return out
 
 
-def check_job(run_root: Any, run_part: dict[str, Any], sections: tuple[str, ...], what: str, requeue: str) -> None:
+def check_job(run_root: Location | str, run_part: dict[str, Any], sections: tuple[str, ...], what: str, requeue: str) -> None:
     """Refuse a job whose run settings disagree with the run's record (no record yet: nothing to compare).
 
     Args:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftsmith.artifacts.checkpoints import FOLDER_GLOB, LATEST_FILE, STATE_FILE
-from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.location import Location, run_location
 from draftsmith.artifacts.run_settings import RUN_SETTINGS_FILE, read_record, record, record_path
 from draftsmith.config import Settings, run_settings, with_run_settings
 from draftsmith.config_kinds import key_kind
@@ -59,7 +59,7 @@ LENGTH_KEYS = frozenset({"train.max_steps", "train.epochs"})
 ANY_WHEN_NONE = frozenset({"target.model"})
 
 
-def run_root(s: Settings) -> Any:
+def run_root(s: Settings) -> Location:
     """``<runs_dir>/<run>``: a local path or the run's object on a store."""
     return run_location(s.runs_dir) / s.run
 
@@ -160,7 +160,7 @@ def _mismatch(
     )
 
 
-def record_stage(s: Settings, stage: str, root: Any = None) -> list[str]:
+def record_stage(s: Settings, stage: str, root: Location | None = None) -> list[str]:
     """Record the sections ``stage`` owns with ``s``'s values (after :func:`check_stage`, once the stage's own
     defaults are applied) in the record of ``root`` (default: ``s``'s run; a staged copy of a remote run passes
     the run's own location); only the main rank of a torchrun job (``RANK`` 0 or unset) writes.

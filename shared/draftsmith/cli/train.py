@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from draftsmith.artifacts.checkpoint_store import checkpoint_store
+from draftsmith.artifacts.checkpoints import read_state
 from draftsmith.artifacts.data import vocab_dir
 from draftsmith.artifacts.vocab import mapping_files
 from draftsmith.cli import app, settings
@@ -14,7 +16,7 @@ from draftsmith.drafter.launch import torchrun_argv
 from draftsmith.errors import DraftsmithError
 from draftsmith.paths import RunPaths
 from draftsmith.signals import keep
-from draftsmith.staging import pusher, staged
+from draftsmith.staging import staged
 from draftsmith.target.checkpoint import target_checkpoint
 
 
@@ -76,17 +78,17 @@ def train_cmd(
     s = settle(s, "train", lambda m: typer.echo(m, err=True))  # before anything is read or written
     import os
 
-    remote = s
-    # every rank reads the run; only the main rank (the one that saves checkpoints) writes it back
-    pushed = ("checkpoints", "status") if int(os.environ.get("RANK", "0")) == 0 else ()
-    with staged(s, ("data", "features", "checkpoints"), pushed) as s:
+    # the run's own checkpoint store (a URL's sends each checkpoint up as it is saved), picked before the working copy
+    checkpoints = checkpoint_store(RunPaths(s.runs_dir, s.run).root, s.stage_dir)
+    # every rank reads the run; only the main rank (the one that saves checkpoints) writes its status back
+    pushed = ("status",) if int(os.environ.get("RANK", "0")) == 0 else ()
+    with staged(s, ("data", "features"), pushed) as s:
         from draftsmith import metrics
         from draftsmith.drafter.trainer import Trainer
 
-        keep(f"the checkpoints in {RunPaths(s.runs_dir, s.run).checkpoints}")
-        trainer = Trainer(with_data_vocab(s))
+        keep(f"the checkpoints in {checkpoints.folder}")
+        trainer = Trainer(with_data_vocab(s), checkpoints=checkpoints)
         if trainer.dist.main:
-            trainer.after_checkpoint = pusher(remote, ("checkpoints",), keep_checkpoints=remote.train.keep)
             try:
                 metrics.serve_metrics(s.metrics.port, s.metrics.addr)
             except DraftsmithError as e:  # a batch job: the training matters more than its live metrics
@@ -132,13 +134,10 @@ def export_cmd(
     s = settings(run=run, export={"format": fmt})
     s = settle(s, "export", lambda m: typer.echo(m, err=True))
 
-    # the latest checkpoint comes down, or the one named (a folder name; a local path needs nothing pulled)
-    named = (f"checkpoints/{checkpoint}",) if checkpoint and "/" not in checkpoint else ()
-    with staged(s, ("checkpoints", *named, "data"), ("export",)) as s:
-        from draftsmith.drafter.checkpoint import read_state, resolve_checkpoint
-
+    checkpoints = checkpoint_store(RunPaths(s.runs_dir, s.run).root, s.stage_dir)
+    ckpt = checkpoints.resolve(checkpoint)  # on an object store: the named or latest one comes down, only it
+    with staged(s, ("data",), ("export",)) as s:
         paths = RunPaths(s.runs_dir, s.run)
-        ckpt = resolve_checkpoint(paths.checkpoints, checkpoint)
         target = str(target_checkpoint(s))
         family = get_family(family_of_state(read_state(ckpt)))  # the family the checkpoint was trained as
         for out in family.export_checkpoint(ckpt, target, paths.export, s.export.format, s.export.speculative_tokens):

@@ -4,23 +4,22 @@
 embedding is the target's and is not stored), ``optimizer.pt`` (the whole, unsharded AdamW state keyed by parameter
 name, as ``torch.distributed.checkpoint.state_dict`` writes it: a checkpoint from one process, DDP or FSDP resumes
 under any of them), ``scheduler.pt``, ``rng.pt`` (python, torch CPU and CUDA generators) and ``state.json`` (step, epoch, batch position, config, drafter config, vocab hash, target).
-A checkpoint is written into ``.tmp-step-...`` and renamed, then ``latest.json`` is replaced atomically; the
-oldest beyond ``keep`` are removed.
+This module writes and reads the tensors; where the folder lives, its ``state.json``, ``latest.json``, rotation and
+the copy to an object store are the run's :class:`~draftsmith.artifacts.checkpoints.CheckpointStore`'s.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from draftsmith.artifacts import checkpoints as artifact
-from draftsmith.artifacts.checkpoints import STATE_SCHEMA
+from draftsmith.artifacts.checkpoints import CheckpointStore
+from draftsmith.artifacts.checkpoints import read_state as read_state  # re-exported for the drafter's callers
+from draftsmith.artifacts.local_checkpoints import LocalCheckpointStore
 from draftsmith.errors import ModelError
 from draftsmith.log import get_logger
 
@@ -76,104 +75,54 @@ def set_rng_state(s: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-def save_checkpoint(folder: Path, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any], scheduler,
-                    state: dict[str, Any], keep: int) -> Path:
-    """Write ``folder/step-<step>/`` atomically and rotate; returns the new checkpoint folder.
+def save_checkpoint(store: CheckpointStore | Path, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+                    scheduler, state: dict[str, Any], keep: int) -> Path:
+    """Save the checkpoint of ``state["step"]`` through ``store`` (a local folder stands for its local store): this
+    function writes the tensors' files, the store places them, adds ``state.json``, moves ``latest.json`` and keeps
+    the newest ``keep``. Returns the local checkpoint folder.
 
     Args:
         weights: :func:`model_state` (whole tensors, never FSDP shards).
         optimizer_state: :func:`full_optimizer_state`.
+
+    Raises:
+        OSError: the local write failed; StorageError: the object store failed (the previous checkpoint stays the
+            latest in both cases).
     """
     from safetensors.torch import save_file
 
-    folder.mkdir(parents=True, exist_ok=True)
-    name = artifact.folder_name(state["step"])
-    final = folder / name
-    tmp = folder / f".tmp-{name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_file(weights, str(tmp / artifact.WEIGHTS_FILE), metadata={"format": "pt"})
-    torch.save(optimizer_state, tmp / artifact.OPTIMIZER_FILE)
-    torch.save(scheduler.state_dict(), tmp / artifact.SCHEDULER_FILE)
-    torch.save(rng_state(), tmp / artifact.RNG_FILE)
-    from draftsmith.artifacts.provenance import stamp
+    def write(folder: Path) -> None:
+        save_file(weights, str(folder / artifact.WEIGHTS_FILE), metadata={"format": "pt"})
+        torch.save(optimizer_state, folder / artifact.OPTIMIZER_FILE)
+        torch.save(scheduler.state_dict(), folder / artifact.SCHEDULER_FILE)
+        torch.save(rng_state(), folder / artifact.RNG_FILE)
 
-    (tmp / artifact.STATE_FILE).write_text(json.dumps({"schema": STATE_SCHEMA, **stamp(state),
-                                                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                                "saved_ns": time.time_ns()}, indent=2))
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    artifact.write_latest(folder, name, state["step"])
-    ckpts = list_checkpoints(folder)
-    for old in ckpts[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    log.info("checkpoint %s written (%d kept)", final, min(len(ckpts), keep))
-    return final
+    return _store(store).save(write, state, keep)
 
 
-def _written_at(ckpt: Path) -> tuple[int, str]:
-    """Sort key of a checkpoint by write time: ``saved_ns`` of its state.json (older checkpoints: the file's
-    mtime in ns), then its name."""
-    f = ckpt / artifact.STATE_FILE
-    try:
-        ns = json.loads(f.read_text()).get("saved_ns")
-        return (int(ns) if ns is not None else f.stat().st_mtime_ns, ckpt.name)
-    except (OSError, ValueError, TypeError):
-        return (0, ckpt.name)
+def _store(store: CheckpointStore | Path) -> CheckpointStore:
+    return store if isinstance(store, CheckpointStore) else LocalCheckpointStore(Path(store))
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
-    """Complete checkpoints, oldest WRITTEN first (not by name: ``train --no-resume`` in a run with checkpoints
-    writes ``step-00000001`` after ``step-00000004``, and rotation must keep the new one)."""
-    if not folder.is_dir():
-        return []
-    return sorted((p for p in folder.glob(artifact.FOLDER_GLOB) if (p / artifact.STATE_FILE).is_file()), key=_written_at)
+    """Complete checkpoints of the local ``folder``, oldest WRITTEN first
+    (:meth:`~draftsmith.artifacts.local_checkpoints.LocalCheckpointStore.list`)."""
+    return LocalCheckpointStore(folder).list()
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
-    """The checkpoint ``latest.json`` names (or the newest complete one), None when there is none."""
-    name = artifact.read_latest(folder)
-    if name is not None:
-        cand = folder / name
-        if (cand / artifact.STATE_FILE).is_file():
-            return cand
-    ckpts = list_checkpoints(folder)
-    return ckpts[-1] if ckpts else None
+    """The checkpoint ``latest.json`` of the local ``folder`` names (or the newest complete one), None when there is
+    none."""
+    return LocalCheckpointStore(folder).latest()
 
 
 def resolve_checkpoint(run_checkpoints: Path, name: str | None) -> Path:
-    """A checkpoint folder from a name (``step-00000100``, a path) or the latest.
+    """A checkpoint folder of the local ``run_checkpoints`` from a name (``step-00000100``, a path) or the latest.
 
     Raises:
         ModelError: nothing found.
     """
-    if name:
-        p = Path(name)
-        cand = p if p.is_dir() else run_checkpoints / name
-        if not (cand / artifact.STATE_FILE).is_file():
-            raise ModelError(f"no checkpoint at {cand}", f"pick one of {[c.name for c in list_checkpoints(run_checkpoints)]}")
-        return cand
-    found = latest_checkpoint(run_checkpoints)
-    if found is None:
-        raise ModelError(f"no checkpoint under {run_checkpoints}", "train first: `draftsmith train --run RUN`")
-    return found
-
-
-def read_state(ckpt: Path) -> dict[str, Any]:
-    """``state.json`` of a checkpoint.
-
-    Raises:
-        ModelError: missing, unreadable or of another schema (a corrupt or foreign checkpoint).
-    """
-    try:
-        state = json.loads((ckpt / artifact.STATE_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise ModelError(f"checkpoint {ckpt} has no readable state.json ({e})", "pick another checkpoint") from e
-    if state.get("schema") != STATE_SCHEMA:
-        raise ModelError(f"checkpoint {ckpt} has schema {state.get('schema')!r}", "it was written by another tool")
-    return state
+    return LocalCheckpointStore(run_checkpoints).resolve(name)
 
 
 def load_model_weights(model, ckpt: Path) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from contextlib import closing, nullcontext
 from typing import Any
 
@@ -23,11 +22,12 @@ import torch
 from torch import nn
 
 from draftsmith.allocator import keep_freed_memory_for
+from draftsmith.artifacts.checkpoint_store import checkpoint_store
+from draftsmith.artifacts.checkpoints import CheckpointStore
 from draftsmith.artifacts.status import write_snapshot
 from draftsmith.drafter.checkpoint import (
     full_model_state,
     full_optimizer_state,
-    latest_checkpoint,
     load_model_weights,
     load_optimizer_state,
     model_state,
@@ -66,7 +66,8 @@ log = get_logger(__name__)
 
 
 class Trainer:
-    """Build everything from the settings (validating inputs first), then :meth:`run`.
+    """Build everything from the settings (validating inputs first), then :meth:`run`; ``checkpoints``: the run's
+    :class:`CheckpointStore` (default: that of ``runs_dir/run``; a run on an object store passes its URL's).
 
     Raises (from the constructor):
         DataError: missing/empty data, features of another target or data, a missing draft vocabulary.
@@ -74,10 +75,10 @@ class Trainer:
         TrainingError: a resume state that does not match this run (another draft vocabulary).
     """
 
-    def __init__(self, settings, features: FeatureSource | None = None) -> None:
-        self.s, self.tc = settings, settings.train
-        self.paths = RunPaths(settings.runs_dir, settings.run)
-        self.after_checkpoint: Callable[[], None] | None = None  # called on the main rank after each checkpoint
+    def __init__(self, settings, features: FeatureSource | None = None,
+                 checkpoints: CheckpointStore | None = None) -> None:
+        self.s, self.tc, self.paths = settings, settings.train, RunPaths(settings.runs_dir, settings.run)
+        self.checkpoints = checkpoints or checkpoint_store(self.paths.root, settings.stage_dir)
         self.dist = setup_distributed(self.tc.device)
         torch.manual_seed(self.tc.seed)
         self.target_path = str(target_checkpoint(settings))
@@ -108,7 +109,7 @@ class Trainer:
         if self.tc.freeze_lm_head:  # EAGLE-1's choice: the target's own head reads the drafter's state
             self.model.lm_head.weight.requires_grad_(False)
         self._resume_at, self.curve = (0, 0, 0), []  # step, epoch, micro-batch position; drafter/curve.py
-        ckpt = latest_checkpoint(self.paths.checkpoints) if self.tc.resume else None
+        ckpt = self.checkpoints.latest() if self.tc.resume else None
         if ckpt is not None:
             self._resume_weights(ckpt)  # before sharding: the file holds whole tensors
         self.model.to(self.dist.device)
@@ -286,13 +287,11 @@ class Trainer:
         if self.dist.main:
             from draftsmith import metrics
 
-            save_checkpoint(self.paths.checkpoints, model_state(self.model, full_model), full_optim, self.sched, {
+            save_checkpoint(self.checkpoints, model_state(self.model, full_model), full_optim, self.sched, {
                 "step": self.step, "epoch": self.epoch, "position": self.position, "learning_curve": self.curve,
                 "config": self.s.model_dump(mode="json"), "drafter": self.cfg.to_dict(),
                 "vocab_hash": self.vocab_hash, "target": self.target_path}, self.tc.keep)
             metrics.TRAIN_CHECKPOINTS.labels(self.s.run).inc()
-            if self.after_checkpoint is not None:  # a run on an object store: the checkpoint goes up now
-                self.after_checkpoint()
         if self.dist.world > 1:
             torch.distributed.barrier()
 
@@ -351,9 +350,9 @@ class Trainer:
         if not saved:
             self._save()
         signum = stop.signum or signal.SIGTERM  # another rank's signal under DDP
-        ckpt = latest_checkpoint(self.paths.checkpoints)
+        ckpt = self.checkpoints.latest()
         return Interrupted(f"checkpoint {ckpt.name if ckpt else '?'} (step {self.step}/{self.total_steps}) in "
-                           f"{self.paths.checkpoints}",
+                           f"{self.checkpoints.folder}",
                            f"run `draftsmith train --run {self.s.run}` again to resume from it", signum=int(signum))
 
     def _run(self, stop, stop_at: int | None) -> dict[str, Any]:
@@ -445,4 +444,4 @@ class Trainer:
                           "accept_len": None if last_train.empty else last_train.acceptance_length},
                 "heldout": None if held is None else {"loss": held.losses, "acc": held.accs,
                                                       "accept_len": held.acceptance_length},
-                "checkpoint": str(latest_checkpoint(self.paths.checkpoints))}
+                "checkpoint": str(self.checkpoints.latest())}
