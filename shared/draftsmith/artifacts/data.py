@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.provenance import stamp
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import DataError
 
 DATA_SCHEMA = "draftsmith.data/1"
@@ -79,16 +81,11 @@ def output_files(data_dir: Path) -> list[Path]:
 
 def write_manifest(data_dir: Path, manifest: DataManifest) -> None:
     """Replace ``data/manifest.json`` atomically (indent 2, trailing newline); write it last."""
-    from draftsmith.artifacts.provenance import stamp
-    from draftsmith.artifacts.storage import atomic_write_text
-
     atomic_write_text(manifest_path(data_dir), json.dumps(stamp(dict(manifest)), indent=2) + "\n")
 
 
 def write_stats(data_dir: Path, stats: dict[str, Any]) -> None:
     """Replace ``data/stats.json`` atomically (indent 2, trailing newline)."""
-    from draftsmith.artifacts.storage import atomic_write_text
-
     atomic_write_text(stats_path(data_dir), json.dumps(stats, indent=2) + "\n")
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.artifacts.location import Location, run_key, run_location
+from draftsmith.artifacts.provenance import stamp
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import DataError
 
 FEATURES_SCHEMA = "draftsmith.features/1"
@@ -68,9 +70,6 @@ def manifest_path(features_dir: Path) -> Path:
 def write_manifest(features_dir: Path, manifest: dict[str, Any]) -> None:
     """Replace ``features/manifest.json`` atomically (indent 1); a manifest equal to the stored one is not written
     again, so that an ``extract`` with nothing to do leaves every file of the run as it was."""
-    from draftsmith.artifacts.provenance import stamp
-    from draftsmith.artifacts.storage import atomic_write_text
-
     text = json.dumps(stamp(manifest), indent=1)
     try:
         if load_manifest(features_dir) == json.loads(text):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from draftsmith.artifacts.location import Location, run_location
+from draftsmith.artifacts.storage import atomic_write_text
 from draftsmith.errors import DataError
 
 RECORD_SCHEMA = "draftsmith.record/1"
@@ -82,8 +83,6 @@ def read_manifest(records_dir: Path) -> dict[str, Any] | None:
 
 def write_manifest(records_dir: Path, manifest: dict[str, Any]) -> None:
     """Replace ``records/manifest.json`` atomically (indent 1)."""
-    from draftsmith.artifacts.storage import atomic_write_text
-
     atomic_write_text(manifest_path(records_dir), json.dumps(manifest, indent=1))
 
 

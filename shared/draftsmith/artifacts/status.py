@@ -8,13 +8,14 @@ import json
 import time
 from pathlib import Path
 
+from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.storage import atomic_write_text
+
 STATUS_DIR = "status"
 
 
 def snapshot_path(run_root: Path, stage: str) -> Path:
     """``runs/<run>/status/<stage>.json`` (a local path, or an object of a run on a store)."""
-    from draftsmith.artifacts.location import run_location
-
     return run_location(run_root) / STATUS_DIR / f"{stage}.json"
 
 
@@ -43,8 +44,6 @@ def stage_snapshot(stage: str, phase: str, line: str, **numbers: object) -> dict
 
 def write_snapshot(run_root: Path, stage: str, phase: str, line: str, **numbers: object) -> dict:
     """Write a stage's status snapshot (:func:`stage_snapshot`, atomically) and return it."""
-    from draftsmith.artifacts.storage import atomic_write_text
-
     snap = stage_snapshot(stage, phase, line, **numbers)
     atomic_write_text(snapshot_path(run_root, stage), json.dumps(snap, indent=1, default=str))
     return snap
@@ -52,8 +51,6 @@ def write_snapshot(run_root: Path, stage: str, phase: str, line: str, **numbers:
 
 def read_snapshots(run_root: Path) -> list[dict]:
     """Every stage snapshot of a run, least recently updated first (unreadable files are left out)."""
-    from draftsmith.artifacts.location import run_location
-
     out = []
     for p in sorted((run_location(run_root) / STATUS_DIR).glob("*.json")):
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.artifacts.location import run_location
+from draftsmith.artifacts.storage import atomic_write_text
 
 VOCAB_SCHEMA = "draftsmith.vocab/1"
 COUNTS_FILE = "counts.safetensors"
@@ -41,8 +42,6 @@ def mapping_files(vocab_dir: Path) -> list[str]:
 
 def write_meta(vocab_dir: Path, n: int, meta: dict[str, Any]) -> None:
     """Replace ``draft-<n>.json`` atomically (indent 2, trailing newline)."""
-    from draftsmith.artifacts.storage import atomic_write_text
-
     atomic_write_text(meta_path(vocab_dir, n), json.dumps(meta, indent=2) + "\n")
 
 
