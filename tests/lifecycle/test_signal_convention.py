@@ -173,7 +173,8 @@ def test_every_command_is_wrapped_once():
     assert SERVICES <= set(commands)
     kinds = {name: getattr(cmd.callback, "signal_convention", None) for name, cmd in commands.items()}
     assert kinds == {name: "service" if name in SERVICES else "batch" for name in commands}
-    assert {name for name, kind in kinds.items() if kind == "service"} == {"worker", "queue-exporter", "target serve"}
+    assert {name for name, kind in kinds.items() if kind == "service"} == {"worker", "queue-exporter", "target serve",
+                                                                          "gateway"}
 
 
 # ---- services
@@ -187,6 +188,20 @@ def test_queue_exporter(sig, env, redis_url):
     code, kids = cmd.stop(sig)
     assert_stopped(cmd, sig, True, kids, code)
     assert cmd.lines[-1] == f"queue-exporter stopped by {sig.name}"
+
+
+@pytest.mark.slow  # real commands, real models
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_gateway(sig, env, redis_url):
+    """uvicorn catches the signal first and shuts its server down; the command still ends as a service does."""
+    port = free_port()
+    cmd = Command(["gateway", "--port", str(port), "--upstream", "http://127.0.0.1:9"],
+                  {**env, "DRAFTSMITH_REDIS__URL": redis_url})
+    cmd.wait_for(f"gateway on http://127.0.0.1:{port}")
+    cmd.wait_for("Uvicorn running on")
+    code, kids = cmd.stop(sig)
+    assert_stopped(cmd, sig, True, kids, code)
+    assert cmd.lines[-1] == f"gateway stopped by {sig.name}"
 
 
 @pytest.mark.slow  # real commands, real models

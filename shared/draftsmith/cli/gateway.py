@@ -38,5 +38,7 @@ def gateway(
         cap = Capture(s.capture, RunPaths(s.runs_dir, s.run).records, s.generation.temperature, s.run)
     typer.echo(f"gateway on http://{g.addr}:{g.port} for run {s.run}: fallback {table.fallback.url}, capture "
                f"{'on at ' + str(s.capture.sample_rate) if cap else 'off'}")
-    uvicorn.run(Gateway(table, cap, s.run, g.request_timeout_s).app(), host=g.addr, port=g.port,
-                log_level=s.log_level.lower(), access_log=False)
+    # uvicorn.Server, not uvicorn.run: run() swallows the KeyboardInterrupt (and so the Terminated) that uvicorn
+    # re-raises after its graceful shutdown, and the command would end without its "stopped by" line
+    uvicorn.Server(uvicorn.Config(Gateway(table, cap, s.run, g.request_timeout_s).app(), host=g.addr, port=g.port,
+                                  log_level=s.log_level.lower(), access_log=False)).run()
