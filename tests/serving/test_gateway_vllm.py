@@ -10,13 +10,14 @@ import uuid
 import httpx
 import pytest
 import redis
-from conftest import EMBEDDED_NAME
 from draftsmith.config import CaptureConfig, DataConfig
 from draftsmith.data.build import build_data
 from draftsmith.serving.capture import Capture
 from draftsmith.serving.gateway import Gateway, RouteTable, serve_in_background
 from draftsmith.serving.routes import Routes, write_routes
 from prometheus_client import REGISTRY
+
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # the shared vLLM server's served name (tests/conftest.py)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 

@@ -105,7 +105,8 @@ def provenance_of(paths: RunPaths, export_dir: Path, extra: dict[str, Any] | Non
     ``paths``' run), the build that exported it."""
     export_dir = Path(export_dir).resolve()
     if export_dir.parent.name == paths.export.name:  # <runs>/<run>/export/<layout>: made by that run
-        paths = RunPaths(export_dir.parent.parent.parent, export_dir.parent.parent.name)
+        run_root = export_dir.parents[1]
+        paths = RunPaths(run_root.parent, run_root.name)
     latest = paths.checkpoints_latest
     cfg = config_path(Path(export_dir))
     code = json.loads(cfg.read_text()).get("code_version") if cfg.is_file() else None
