@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from draftsmith.artifacts.vocab import mapping_sizes
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from protocol import SPLITS, PromptCounts, acceptance_length, eval_sets, prompt_range, seeded_ratio  # noqa: E402
@@ -283,7 +285,7 @@ def bench(a, fams: list[str], families: dict, ks: dict[str, int], target: Path, 
             run = peer.quick_run(work / "quick-runs", target, 48, qenv, work / "logs")
     else:
         run = a.run.resolve()
-    vocabs = sorted(int(p.stem.split("-")[1]) for p in (run / "data" / "vocab").glob("draft-*.safetensors"))
+    vocabs = mapping_sizes(run / "data" / "vocab")
     if not vocabs:
         raise SystemExit(f"{run}/data/vocab has no draft vocabulary: run `draftsmith build-data` first")
     a.vocab = vocabs[-1]

@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.artifacts.vocab import mapping_sizes
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -338,7 +340,7 @@ def main() -> None:
             run = quick_run(work / "quick-runs", target, 48, qenv, logs)
         else:
             run = a.run.resolve()
-        vocabs = sorted(int(p.stem.split("-")[1]) for p in (run / "data" / "vocab").glob("draft-*.safetensors"))
+        vocabs = mapping_sizes(run / "data" / "vocab")
         if not vocabs:
             raise SystemExit(f"{run}/data/vocab has no draft vocabulary: run `draftsmith build-data` first")
         a.vocab = vocabs[-1]

@@ -40,6 +40,11 @@ def mapping_files(vocab_dir: Path) -> list[str]:
     return sorted(p.name for p in run_location(vocab_dir).glob(DRAFT_GLOB))
 
 
+def mapping_sizes(vocab_dir: Path) -> list[int]:
+    """Sizes ``N`` of the draft vocabularies present (``draft-N.safetensors``), ascending; empty without the folder."""
+    return sorted(int(name[len("draft-"):-len(".safetensors")]) for name in mapping_files(vocab_dir))
+
+
 def write_meta(vocab_dir: Path, n: int, meta: dict[str, Any]) -> None:
     """Replace ``draft-<n>.json`` atomically (indent 2, trailing newline)."""
     atomic_write_text(meta_path(vocab_dir, n), json.dumps(meta, indent=2) + "\n")

@@ -7,7 +7,7 @@ import typer
 from draftsmith.artifacts.checkpoint_store import checkpoint_store
 from draftsmith.artifacts.checkpoints import read_state
 from draftsmith.artifacts.data import vocab_dir
-from draftsmith.artifacts.vocab import mapping_files
+from draftsmith.artifacts.vocab import mapping_sizes
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
 from draftsmith.cli.run_record import settle
@@ -48,8 +48,7 @@ def with_data_vocab(s):
     """
     if s.train.draft_vocab_size is not None or "draft_vocab_size" in s.data.model_fields_set:
         return s
-    sizes = [int(name[len("draft-"):-len(".safetensors")])
-             for name in mapping_files(vocab_dir(RunPaths(s.runs_dir, s.run).data))]
+    sizes = mapping_sizes(vocab_dir(RunPaths(s.runs_dir, s.run).data))
     if len(sizes) != 1 or sizes[0] == s.data.draft_vocab_size:
         return s
     typer.echo(f"train.draft_vocab_size {sizes[0]}: the run's one draft vocabulary (data/vocab/draft-{sizes[0]}, "

@@ -171,7 +171,7 @@ class RunView:
         from draftsmith.drafter.vocab import load_draft_vocab
 
         vdir = self.root / "data" / data_artifact.VOCAB_DIR
-        sizes = [int(n[len("draft-"):-len(".safetensors")]) for n in vocab.mapping_files(vdir)] if vdir.is_dir() else []
+        sizes = vocab.mapping_sizes(vdir) if vdir.is_dir() else []
         n = self.drafter_config.draft_vocab_size if self.drafter_config else (sizes[0] if len(sizes) == 1 else None)
         if n is None or n not in sizes:
             return None
