@@ -18,7 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from draftsmith.config import load_settings
@@ -30,6 +29,7 @@ from draftsmith.drafter.families.dflash.objective import DFlashObjective, block_
 from draftsmith.drafter.ttt import target_view
 from draftsmith.drafter.vocab import load_target_head
 from draftsmith.errors import ConfigError
+from vllm_greedy import greedy_token_ids
 
 HERE = Path(__file__).resolve().parent
 N_DRAFT = 64
@@ -255,47 +255,6 @@ def test_dflash_family_refuses_what_it_cannot_train(tmp_path):
     assert (fam.name, fam.method) == ("dflash", "dflash")
 
 
-def spec_counters(text: str) -> dict[str, float]:
-    from draftsmith.evaluation.vllm_metrics import SpecCounters
-
-    c = SpecCounters.from_text(text)
-    return {"drafts": c.drafts, "draft_tokens": c.draft_tokens, "accepted": c.accepted}
-
-
-def greedy(spec: dict | None, target: Path, log: Path, prompts: list[str], max_tokens: int):
-    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
-
-    s = VLLMServerSpec(
-        model=target,
-        served_name="t",
-        port=free_port(),
-        max_model_len=1024,
-        kv_cache_gib=1,
-        enforce_eager=True,
-        max_num_seqs=1,
-        dtype="float32",
-        speculative=spec,
-    )
-    out = []
-    with VLLMServer(s, log).start(timeout_s=900) as server:
-        for q in prompts:
-            r = httpx.post(
-                f"{server.url}/v1/chat/completions",
-                timeout=600,
-                json={
-                    "model": "t",
-                    "messages": [{"role": "user", "content": q}],
-                    "max_tokens": max_tokens,
-                    "temperature": 0.0,
-                    "return_token_ids": True,
-                },
-            )
-            r.raise_for_status()
-            out.append(r.json()["choices"][0]["token_ids"])
-        counters = spec_counters(httpx.get(f"{server.url}/metrics", timeout=30).text) if spec else None
-    return out, counters
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_trained_dflash_drafter_is_served_by_vllm(reference_run, embedded_target, draft_vocab, tmp_path):
@@ -339,8 +298,8 @@ def test_trained_dflash_drafter_is_served_by_vllm(reference_run, embedded_target
         "Give three tips for staying healthy.",
         "If a train travels 60 miles in 1.5 hours, what is its average speed?",
     ]
-    alone, _ = greedy(None, embedded_target, tmp_path / "vllm-target.log", prompts, 32)
-    served, c = greedy(
+    alone, _ = greedy_token_ids(None, embedded_target, tmp_path / "vllm-target.log", prompts, 32)
+    served, c = greedy_token_ids(
         family.speculative_config(out, 3), embedded_target, tmp_path / "vllm-dflash.log", prompts, 32
     )
     print(
@@ -349,10 +308,10 @@ def test_trained_dflash_drafter_is_served_by_vllm(reference_run, embedded_target
                 "train": result["train"],
                 "heldout": result["heldout"],
                 "heldout_before": {"loss": before.losses, "acc": before.accs},
-                "vllm": c,
-                "vllm_mean_acceptance_length": 1 + c["accepted"] / max(c["drafts"], 1),
+                "vllm": {"drafts": c.drafts, "draft_tokens": c.draft_tokens, "accepted": c.accepted},
+                "vllm_mean_acceptance_length": 1 + c.accepted / max(c.drafts, 1),
             }
         )
     )
     assert served == alone
-    assert c["drafts"] > 0 and c["draft_tokens"] == 3 * c["drafts"]
+    assert c.drafts > 0 and c.draft_tokens == 3 * c.drafts

@@ -145,14 +145,12 @@ def test_peagle_trains_exports_and_serves_in_vllm_token_identical(
     proposed per verify step (vLLM's spec-decode counters)."""
     import json
     import shutil
-    from pathlib import Path
 
-    import httpx
     from draftsmith.drafter.checkpoint import latest_checkpoint, read_state
     from draftsmith.drafter.trainer import Trainer
-    from draftsmith.target.server import VLLMServer, VLLMServerSpec, free_port
     from safetensors import safe_open
-    from test_e2e_vllm import HELD_OUT, spec_counters
+    from test_e2e_vllm import HELD_OUT
+    from vllm_greedy import greedy_token_ids
 
     K = 3
     runs = tmp_path / "runs"
@@ -193,39 +191,10 @@ def test_peagle_trains_exports_and_serves_in_vllm_token_identical(
 
     prompts = [[{"role": "user", "content": q}] for q in HELD_OUT[:3]]
 
-    def serve(speculative, name):
-        spec = VLLMServerSpec(
-            model=Path(embedded_target),
-            served_name="smol",
-            port=free_port(),
-            max_model_len=1024,
-            kv_cache_gib=1,
-            enforce_eager=True,
-            max_num_seqs=1,
-            dtype="float32",
-            speculative=speculative,
-        )
-        ids = []
-        with VLLMServer(spec, tmp_path / f"vllm-{name}.log").start(timeout_s=900) as server:
-            for p in prompts:
-                r = httpx.post(
-                    f"{server.url}/v1/chat/completions",
-                    timeout=600,
-                    json={
-                        "model": "smol",
-                        "messages": p,
-                        "max_tokens": 32,
-                        "temperature": 0.0,
-                        "return_token_ids": True,
-                    },
-                )
-                r.raise_for_status()
-                ids.append(r.json()["choices"][0]["token_ids"])
-            return ids, spec_counters(httpx.get(f"{server.url}/metrics", timeout=30).text)
-
-    alone, _ = serve(None, "target")
-    drafted, c = serve(family.speculative_config(out, K), "peagle")
-    drafts, accepted = c["vllm:spec_decode_num_drafts_total"], c["vllm:spec_decode_num_accepted_tokens_total"]
+    alone, _ = greedy_token_ids(None, embedded_target, tmp_path / "vllm-target.log", prompts)
+    drafted, c = greedy_token_ids(family.speculative_config(out, K), embedded_target, tmp_path / "vllm-peagle.log",
+                                  prompts)
+    drafts, accepted = c.drafts, c.accepted
     print(
         json.dumps(
             {
@@ -238,7 +207,7 @@ def test_peagle_trains_exports_and_serves_in_vllm_token_identical(
         )
     )
     assert drafted == alone
-    assert c["vllm:spec_decode_num_draft_tokens_total"] == K * drafts > 0
+    assert c.draft_tokens == K * drafts > 0
 
 
 def test_eval_reads_a_peagle_export_and_names_the_family(embedded_target, tmp_path):

@@ -88,6 +88,26 @@ class DraftConfig:
         return cls(**d)
 
 
+def decoder_fields(cfg: DraftConfig) -> dict[str, Any]:
+    """The decoder fields every exported drafter's ``config.json`` spells the same way (Llama and Qwen3 field
+    names; ``vocab_size`` is the target vocabulary). Each layout adds its own ``model_type``, rope and bias keys."""
+    return {
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "attention_bias": cfg.attention_bias,
+        "num_hidden_layers": cfg.num_layers,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+
+
 def read_target_config(target_path: Path | str) -> dict[str, Any]:
     """The target's whole ``config.json`` (:func:`draftsmith.target.checkpoint.read_target_config`).
 

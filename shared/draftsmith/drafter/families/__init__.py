@@ -89,6 +89,20 @@ class Family(Protocol):
         """
 
 
+def refuse_unless_vllm(engine: str, label: str, how: str) -> None:
+    """The ``check_engine`` of a family only vLLM serves here: ``label`` names the family in the message and
+    ``how`` says how vLLM serves it (docs/families.md has the evidence per engine).
+
+    Raises:
+        ConfigError: ``engine`` is ``sglang`` or ``both``; the fix is ``eval.engine=vllm``.
+    """
+    if engine != "vllm":
+        raise ConfigError(
+            f"engine {engine!r} cannot serve {label}: draftsmith serves it in vLLM only ({how}, docs/families.md)",
+            "set eval.engine=vllm",
+        )
+
+
 def get_family(name: str) -> Family:
     """The family registered as ``name`` (its module's ``FAMILY``).
 

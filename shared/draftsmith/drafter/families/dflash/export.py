@@ -27,7 +27,8 @@ import torch
 from draftsmith.artifacts.export import config_path, weights_path
 from draftsmith.artifacts.provenance import stamp
 from draftsmith.drafter.checkpoint import model_state
-from draftsmith.drafter.config import DraftConfig
+from draftsmith.drafter.config import DraftConfig, decoder_fields
+from draftsmith.drafter.families import EXPORT_KEY
 from draftsmith.drafter.families.dflash.model import DFlashDrafter
 from draftsmith.drafter.vocab import load_target_head
 from draftsmith.errors import ModelError
@@ -37,7 +38,6 @@ from draftsmith.log import get_logger
 log = get_logger(__name__)
 
 ARCHITECTURE = "DFlashDraftModel"
-EXPORT_KEY = "draftsmith_family"  # the family that wrote an export (drafter/families: family_of_export)
 DRAFTER_KEY = "draftsmith_drafter"  # the drafter's DraftConfig, to read the export back
 
 
@@ -47,21 +47,9 @@ def dflash_config_json(model: DFlashDrafter) -> dict[str, Any]:
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "qwen3",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
+        **decoder_fields(cfg),
         "draft_vocab_size": cfg.draft_vocab_size,
         "rope_parameters": dict(cfg.rope_parameters),
-        "attention_bias": cfg.attention_bias,
-        "num_hidden_layers": cfg.num_layers,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
         "target_hidden_size": cfg.target_hidden_size,
         "num_target_layers": cfg.target_num_layers,
         "block_size": model.block_size,

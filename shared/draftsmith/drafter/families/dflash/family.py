@@ -21,6 +21,7 @@ from draftsmith.artifacts.export import config_path
 from draftsmith.artifacts.location import run_location
 from draftsmith.drafter.checkpoint import load_model_weights, read_state
 from draftsmith.drafter.config import DraftConfig, read_target_config
+from draftsmith.drafter.families import refuse_unless_vllm
 from draftsmith.drafter.families.dflash.export import load_dflash_export, write_dflash_export
 from draftsmith.drafter.families.dflash.model import DFlashDrafter, default_mask_token_id
 from draftsmith.drafter.families.dflash.objective import DFlashObjective
@@ -167,12 +168,7 @@ class DFlashFamily:
         Raises:
             ConfigError: ``engine`` is ``sglang`` or ``both``.
         """
-        if engine != "vllm":
-            raise ConfigError(
-                f"engine {engine!r} cannot serve DFlash: draftsmith serves it in vLLM only "
-                "(method: dflash, docs/families.md)",
-                "set eval.engine=vllm",
-            )
+        refuse_unless_vllm(engine, "DFlash", "method: dflash")
 
 
 FAMILY = DFlashFamily()

@@ -39,7 +39,7 @@ from draftsmith.artifacts.export import (
 )
 from draftsmith.artifacts.provenance import stamp
 from draftsmith.drafter.checkpoint import FROZEN, model_state
-from draftsmith.drafter.config import DraftConfig, vllm_layer_ids
+from draftsmith.drafter.config import DraftConfig, decoder_fields, vllm_layer_ids
 from draftsmith.drafter.load import load_checkpoint_model
 from draftsmith.features.layers import eagle3_layout_ids
 from draftsmith.log import get_logger
@@ -55,23 +55,11 @@ def llama_fields(cfg: DraftConfig) -> dict[str, Any]:
     legacy_scaling = {k: v for k, v in rope.items() if k not in ("rope_theta",)}
     return {
         "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
-        "attention_bias": cfg.attention_bias,
+        **decoder_fields(cfg),
         "mlp_bias": cfg.mlp_bias,
         "rope_theta": rope.get("rope_theta", 10000.0),
         "rope_scaling": legacy_scaling if legacy_scaling.get("rope_type", "default") != "default" else None,
         "rope_parameters": rope,
-        "num_hidden_layers": cfg.num_layers,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
     }
 
 

@@ -14,7 +14,7 @@ import torch
 from draftsmith.artifacts.export import EAGLE3, SPECULATORS, config_path, layout_dir
 from draftsmith.drafter.checkpoint import load_model_weights, read_state
 from draftsmith.drafter.config import DraftConfig
-from draftsmith.drafter.families import EXPORT_KEY
+from draftsmith.drafter.families import EXPORT_KEY, refuse_unless_vllm
 from draftsmith.drafter.families.eagle3.export import write_export
 from draftsmith.drafter.families.eagle3.objective import TTTObjective
 from draftsmith.drafter.families.peagle.model import PEagleDrafter, mask_token_id
@@ -137,12 +137,7 @@ class PEagleFamily:
         Raises:
             ConfigError: ``engine`` is ``sglang`` or ``both``.
         """
-        if engine != "vllm":
-            raise ConfigError(
-                f"engine {engine!r} cannot serve P-EAGLE: draftsmith serves it in vLLM only "
-                "(speculative_config.parallel_drafting, docs/families.md)",
-                "set eval.engine=vllm",
-            )
+        refuse_unless_vllm(engine, "P-EAGLE", "speculative_config.parallel_drafting")
 
 
 FAMILY = PEagleFamily()
