@@ -32,11 +32,13 @@ from typing import Any
 import redis
 
 from draftsmith.artifacts.checkpoint_store import checkpoint_store
+from draftsmith.artifacts.checkpoints import read_state
 from draftsmith.artifacts.export import EAGLE3, layout_dir
 from draftsmith.config import Settings
 from draftsmith.data.build import build_data
-from draftsmith.drafter.families import get_family
+from draftsmith.drafter.families import family_of_state, get_family
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.evaluation.checks import check_drafter_fits
 from draftsmith.evaluation.runner import VLLMClient
 from draftsmith.evaluation.vllm_metrics import SpecCounters
 from draftsmith.log import get_logger
@@ -154,8 +156,6 @@ def train_export_stage(w: Settings) -> Path:
     Raises:
         DataError / ModelError: as :class:`draftsmith.drafter.trainer.Trainer` and the family's export.
     """
-    from draftsmith.artifacts.checkpoints import read_state
-    from draftsmith.drafter.families import family_of_state
     from draftsmith.drafter.trainer import Trainer
 
     work = RunPaths(w.runs_dir, w.run)
@@ -239,8 +239,6 @@ def new_version(s: Settings, paths: RunPaths, export: Path, extra: dict[str, Any
     Raises:
         ModelError: the export is missing files or was made for another target (the evaluator's checks).
     """
-    from draftsmith.evaluation.checks import check_drafter_fits
-
     check_drafter_fits(target_checkpoint(s), export)
     return add_version(paths, export, extra).name
 
