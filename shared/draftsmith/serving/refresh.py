@@ -100,7 +100,7 @@ def work_settings(s: Settings, work_root: Path, init_from: Path) -> Settings:
     train = {"init_from": str(init_from), "resume": False, "draft_vocab_size": s.data.draft_vocab_size}
     if s.refresh.max_steps:
         train["max_steps"] = s.refresh.max_steps
-    return s.model_copy(update={"runs_dir": str(work_root.parent), "run": work_root.name,
+    return s.model_copy(update={"runs_dir": Path(work_root.parent), "run": work_root.name,
                                 "train": s.train.model_copy(update=train)})
 
 
@@ -273,13 +273,18 @@ class Loop:
             self._retiring.remove(item)
 
     def run(self, say=log.info) -> None:
-        """Cycle until a signal (which raises out of the sleep, as every service stops); a failed cycle is logged and
-        the next one tries again, except a refusal by another loop's lock or a run nothing serves."""
+        """Cycle until a signal (which raises out of the sleep, as every service stops); a failed cycle, or a run
+        nothing serves yet, is logged and the next check tries again; another loop holding the run's lock ends it.
+
+        Raises:
+            RefreshBusy: another refresh loop holds the run's lock."""
         while True:
             try:
                 say(self.cycle().trigger.line())
-            except (RefreshBusy, ConfigError):
+            except RefreshBusy:
                 raise
+            except ConfigError as e:
+                log.warning("refresh: nothing to refresh yet: %s", e)
             except DraftsmithError as e:
                 log.error("refresh cycle failed, the serving drafter keeps serving: %s", e)
             deadline = time.monotonic() + self.s.refresh.poll_s
