@@ -37,7 +37,7 @@ from draftsmith.artifacts.export import EAGLE3, layout_dir
 from draftsmith.config import Settings
 from draftsmith.data.build import build_data
 from draftsmith.drafter.families import family_of_state, get_family
-from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.errors import ConfigError, DraftsmithError, Interrupted
 from draftsmith.evaluation.checks import check_drafter_fits
 from draftsmith.evaluation.runner import VLLMClient
 from draftsmith.evaluation.vllm_metrics import SpecCounters
@@ -281,7 +281,7 @@ class Loop:
         while True:
             try:
                 say(self.cycle().trigger.line())
-            except RefreshBusy:
+            except (RefreshBusy, Interrupted):  # a stop during training comes back as Interrupted: it ends the loop
                 raise
             except ConfigError as e:
                 log.warning("refresh: nothing to refresh yet: %s", e)
