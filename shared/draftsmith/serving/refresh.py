@@ -216,7 +216,7 @@ def refresh_cycle(s: Settings, client: redis.Redis | None = None, live: LiveAcce
             return CycleResult(trigger)
         paths = RunPaths(s.runs_dir, s.run)
         serving = get_version(paths.root, read_serving(paths.root)["version"])
-        cutoff = time.time()
+        cutoff, records_digest = time.time(), _digest(paths.records_manifest)  # what build-data reads next
         work_root = paths.root / WORK_DIR / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(cutoff))}-from-{serving.name}"
         w = work_settings(s, work_root, serving.path)
         stats = build_stage(s, w, paths.records)
@@ -224,7 +224,7 @@ def refresh_cycle(s: Settings, client: redis.Redis | None = None, live: LiveAcce
         export = train_export_stage(w)
         version = new_version(s, paths, export, {
             "made_by": "draftsmith refresh", "from_version": serving.name, "trigger": trigger.reason,
-            "records_cutoff": cutoff, "records_manifest_sha256": _digest(paths.records_manifest),
+            "records_cutoff": cutoff, "records_manifest_sha256": records_digest,
             "records": {"traffic_answered": trigger.traffic.answered, "traffic_unanswered": trigger.traffic.unanswered,
                         "samples": stats.get("samples"), "dropped_by_reason": stats.get("dropped_by_reason")},
             "work_dir": str(work_root)})
