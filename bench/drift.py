@@ -245,6 +245,12 @@ def main() -> None:
     say(f"canary: {record['decision']} {record['candidate']} vs {record['current']}, ratio "
         f"{record['interval_ratio']:.3f} [{record['interval_low']:.3f}, {record['interval_high']:.3f}] over "
         f"{record['interval_pairs']} code prompts")
+    from draftsmith.serving.versions import get_version
+
+    prov = get_version(demo.paths.root, version).provenance
+    say(f"{version} provenance: from {prov['from_version']}, trigger {prov['trigger']}, records {prov['records']}, "
+        f"data manifest {str(prov['data_manifest_sha256'])[:12]}, records manifest "
+        f"{str(prov['records_manifest_sha256'])[:12]}")
     target, vdir = demo.target_dir(), demo.paths.root / "drafters"
     held = [r["prompt"] for r in heldout]
     static = measure(s, target, vdir / "v1", held, args.max_tokens, demo.paths.logs / "measure-v1.log")
