@@ -134,6 +134,20 @@ def train_static(args, base: dict, say) -> tuple:
     return demo
 
 
+def drain(url: str, timeout_s: float = 600.0) -> None:
+    """Wait until the engine at ``url`` has no request running or waiting (its ``vllm:num_requests_*`` gauges): a
+    request may take many seconds on a loaded CPU, so a fixed wait can stop an engine under one."""
+    import httpx
+    from draftsmith.evaluation.prom import parse_text, total
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        samples = parse_text(httpx.get(f"{url}/metrics", timeout=30).text)
+        if not (total(samples, "vllm:num_requests_running") or 0) + (total(samples, "vllm:num_requests_waiting") or 0):
+            return
+        time.sleep(0.5)
+
+
 def send(url: str, model: str, prompts: list[str], max_tokens: int) -> int:
     """Send each prompt through the gateway, greedy; returns how many did not answer 200."""
     import httpx
@@ -184,9 +198,12 @@ def serve_and_refresh(args, s, demo, traffic: list[str], say) -> tuple[str, dict
                 result = loop.cycle()
                 say(f"refresh cycle: {result.trigger.line()}; {time.time() - t0:.0f} s")
                 if result.outcome is not None and result.outcome.engine is not None:
-                    time.sleep(2.0)  # the gateway reads the new routes within 0.2 s; requests on v1 finish
+                    time.sleep(1.0)  # past the gateway's routes refresh (0.2 s): no new request reaches v1
+                    drain(stable.url)  # the requests already on v1 end there
                     stable.stop()  # the old stable engine, as its owner stops it once the gateway has moved
                     time.sleep(5.0)  # requests go on after the swap
+            for f in swap.failed:
+                say(f"swap request failed: {f}")
         if result.outcome is None:
             raise RuntimeError("the refresh did not trigger: " + result.trigger.line())
         return result.version, result.outcome.record, swap.ok, len(swap.failed) + failed
