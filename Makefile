@@ -201,6 +201,7 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  capture.py [--url URL]             the gateway with capture on vs direct requests to vLLM CPU (RATIO capture_latency)"
 	@echo "  family_probe.py [--family F]       a random drafter per family served in vLLM: loads, drafts, identical (~5 min)"
 	@echo "  families.py --quick|--run R        EAGLE-3, P-EAGLE, DFlash trained on one run, speedup in vLLM (~30 min)"
+	@echo "  drift.py [--redis URL]             chat drafter, code traffic, one refresh: refreshed vs static (RATIO drift_refresh)"
 	@echo "  scripts/gpu-check.sh               the GPU host's one prepared run of the above (not a bench/ file)"
 
 .PHONY: clean

@@ -49,11 +49,11 @@ from draftsmith.config_sections import (
     redact_url,
     secret_value,
 )
-from draftsmith.config_serving import CanaryConfig, CaptureConfig, GatewayConfig
+from draftsmith.config_serving import CanaryConfig, CaptureConfig, GatewayConfig, RefreshConfig
 from draftsmith.errors import ConfigError
 from draftsmith.log import get_logger
 
-__all__ = ["MASK", "CanaryConfig", "CaptureConfig", "GatewayConfig", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
+__all__ = ["MASK", "CanaryConfig", "RefreshConfig", "CaptureConfig", "GatewayConfig", "DataConfig", "EvalConfig", "ExportConfig", "ExtractConfig", "GenerationConfig", "MetricsConfig",
            "RedisConfig", "Section", "Settings", "TargetConfig", "TrainConfig", "adopt_recorded", "describe_fields",
            "key_kinds", "load_settings", "redact_url", "redacted_dump", "run_settings", "secret_value", "secrets_of",
            "settings_for_job", "settings_to_yaml", "with_run_settings"]
@@ -119,6 +119,8 @@ class Settings(BaseSettings):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation stage.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Prometheus metrics.")
     canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Canary trials of drafter versions.")
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig, description="The refresh loop: new drafter "
+                                   "versions from captured traffic.")
     capture: CaptureConfig = Field(default_factory=CaptureConfig, description="Capture of served traffic.")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="The gateway in front of the engines.")
 

@@ -69,3 +69,23 @@ class CanaryConfig(Section):
     resamples: int = Run(2000, ge=100, description="Bootstrap resamples.")
     lock_timeout_s: float = Host(60.0, gt=0, description="The trial lock expires this long after its holder stops "
                                  "renewing it (a crashed canary frees the run).")
+
+
+class RefreshConfig(Section):
+    """The refresh loop: a new drafter version trained on captured traffic mixed with the run's data, continued
+    from the serving version, then tried on the canary (`draftsmith refresh`, docs/serving.md)."""
+
+    min_new_records: int = Run(64, ge=1, description="Refresh once this many answered traffic records were captured "
+                               "after the data of the serving version was built.")
+    acceptance_floor: float | None = Run(None, gt=1.0, description="Also refresh when the stable engine's mean "
+                                         "acceptance length on live traffic (its vllm:spec_decode_* counters since "
+                                         "the last poll) falls below this, with at least one new traffic record; "
+                                         "None = the count alone decides.")
+    min_drafts: int = Run(32, ge=1, description="Fewest verify steps a live acceptance reading is judged on.")
+    poll_s: float = Host(60.0, gt=0, description="Seconds between two checks in watch mode.")
+    max_steps: int | None = Run(None, ge=1, description="Optimizer steps of a refresh's training (None = "
+                                "train.epochs over the new data).")
+    drain_s: float = Host(30.0, ge=0, description="After a promotion, seconds the engine it replaced (if this loop "
+                          "started it) keeps serving the requests already on it before it is stopped.")
+    lock_timeout_s: float = Host(60.0, gt=0, description="The refresh lock expires this long after its holder "
+                                 "stops renewing it (a crashed loop frees the run).")

@@ -1,6 +1,6 @@
 """Every long-running command under SIGTERM and SIGINT, as real processes: the signal convention of docs/signals.md.
 
-A service (``worker``, ``queue-exporter``, ``target serve``) exits 0; a batch command (``train``, ``extract
+A service (``worker``, ``queue-exporter``, ``target serve``, ``gateway``, ``refresh``) exits 0; a batch command (``train``, ``extract
 --sync``, ``eval``, ``demo``) prints one line ``stopped by SIG...; kept: ... -> run the same
 command again to resume`` last and exits 128 + signal. Neither leaves a process behind: the command's descendants
 are collected while it works and must all be gone once it exited.
@@ -174,7 +174,7 @@ def test_every_command_is_wrapped_once():
     kinds = {name: getattr(cmd.callback, "signal_convention", None) for name, cmd in commands.items()}
     assert kinds == {name: "service" if name in SERVICES else "batch" for name in commands}
     assert {name for name, kind in kinds.items() if kind == "service"} == {"worker", "queue-exporter", "target serve",
-                                                                          "gateway"}
+                                                                          "gateway", "refresh"}
 
 
 # ---- services
@@ -202,6 +202,34 @@ def test_gateway(sig, env, redis_url):
     code, kids = cmd.stop(sig)
     assert_stopped(cmd, sig, True, kids, code)
     assert cmd.lines[-1] == f"gateway stopped by {sig.name}"
+
+
+@pytest.mark.slow  # real commands, real models
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
+def test_refresh(sig, env, redis_url, tmp_path):
+    """The watch loop between two checks of a served run (v1 on its routes, no traffic yet)."""
+    import json
+
+    import redis
+    from draftsmith.paths import RunPaths
+    from draftsmith.serving.routes import Routes, write_routes
+    from draftsmith.serving.versions import add_version, write_serving
+
+    paths = RunPaths(env["DRAFTSMITH_RUNS_DIR"], f"sig-{sig.name}")
+    paths.root.mkdir(parents=True)
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    add_version(paths, export)
+    write_serving(paths.root, "v1")
+    write_routes(redis.Redis.from_url(redis_url), "dssig", paths.root.name, Routes(stable="http://127.0.0.1:9",
+                                                                                   stable_drafter="v1"))
+    cmd = Command(["refresh", "--run", paths.root.name, "--poll-s", "0.5"],
+                  {**env, "DRAFTSMITH_REDIS__URL": redis_url, "DRAFTSMITH_REDIS__PREFIX": "dssig"})
+    cmd.wait_for("no refresh: 0 new answered traffic records", count=2)
+    code, kids = cmd.stop(sig)
+    assert_stopped(cmd, sig, True, kids, code)
+    assert cmd.lines[-1] == f"refresh stopped by {sig.name}"
 
 
 @pytest.mark.slow  # real commands, real models

@@ -68,10 +68,11 @@ def write_env(tmp_path: Path, **values: str) -> Path:
 def test_services_present(services):
     assert set(services) == {"redis", "target-vllm", "target-sglang", "target-cpu", "generator", "extractor",
                              "trainer", "evaluator", "queue-exporter", "pushgateway", "prometheus", "grafana", "objectstore",
-                             "gateway"}
+                             "gateway", "refresh"}
     assert services["target-vllm"]["profiles"] == ["vllm"] and services["target-sglang"]["profiles"] == ["sglang"]
     assert services["target-cpu"]["profiles"] == ["cpu"]
     assert services["gateway"]["profiles"] == ["serving"]  # opt-in: the stack test's profiles leave it out
+    assert services["refresh"]["profiles"] == ["serving"]
 
 
 def test_images_and_build_contexts_exist(services):
@@ -143,7 +144,7 @@ def test_healthchecks_on_long_running_services(services):
     for name in long_running:
         hc = services[name].get("healthcheck")
         assert hc and hc["test"] and hc["interval"], f"{name} has no health check"
-    for name in ("generator", "extractor", "queue-exporter", "gateway"):
+    for name in ("generator", "extractor", "queue-exporter", "gateway", "refresh"):
         assert "9400/metrics" in " ".join(services[name]["healthcheck"]["test"]), name
 
 

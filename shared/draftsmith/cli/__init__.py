@@ -56,11 +56,11 @@ def settings(**overrides: Any):
 
 
 # Stage modules register their commands on `app` when imported, in pipeline order (the order of --help).
-from draftsmith.cli import target, plan, generate, data, extract, train, eval, canary, doctor, demo, stack, gateway, config_cmd  # noqa: E402,F401,I001
+from draftsmith.cli import target, plan, generate, data, extract, train, eval, canary, refresh, doctor, demo, stack, gateway, config_cmd  # noqa: E402,F401,I001
 
 # Commands that run until stopped: a signal is their normal end (exit 0). Every other command is a batch command:
 # a signal stops it with one "stopped by" line and exit code 128 + signal (draftsmith.signals, docs/signals.md).
-SERVICES = frozenset({"worker", "queue-exporter", "target serve", "gateway"})
+SERVICES = frozenset({"worker", "queue-exporter", "target serve", "gateway", "refresh"})
 
 
 def _apply_signal_convention(typer_app: typer.Typer, prefix: str = "") -> list[str]:
