@@ -360,7 +360,7 @@ def test_the_seeds_runbook_runs_as_written_on_the_cpu_stack(stack):
     mark[0] = time.time()
     enqueue = next(s.command for s in steps if s.command and s.command.startswith("make enqueue"))
     nothing_redone_after_down_and_up(ctx, enqueue)
-    record_phase("stack: down, up, nothing redone", time.time() - mark[0])
+    record_phase("stack: down, up, no redo", time.time() - mark[0])
 
 
 def compose_containers(ctx, service: str) -> dict[str, str]:
