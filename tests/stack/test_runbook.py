@@ -215,7 +215,7 @@ def _stack(tmp: Path, env: dict[str, str], compose: str):
         "MODELS_DIR": str(tmp / "models"),
         "RUNS_DIR": str(tmp / "runs"),
         "PROMPTS_DIR": str(REPO / "data"),
-        "GENERATOR_PROCESSES": "2",
+        "GENERATOR_PROCESSES": "1",  # one worker in each of the two generator containers (UP_ARGS below)
         **{k: str(v) for k, v in ports.items()},
     }
     for k, v in host.items():
@@ -233,6 +233,10 @@ def _stack(tmp: Path, env: dict[str, str], compose: str):
         COMPOSE_FILES="-f compose.yaml",
         BUILD="",
         UP_ARGS="--scale grafana=0 --scale generator=2",  # two: one is SIGKILLed mid-job
+        # `make enqueue`'s batch: the 16 prompts as four jobs, so that the run's progress moves job by job and the
+        # surviving worker runs them one after the other (the generation dashboard's ETA and in-flight panels
+        # need a few scrapes of it; one job of 16 ended between two)
+        BATCH="4",
     )
     ctx = {
         "tmp": tmp,
@@ -317,6 +321,7 @@ def test_the_seeds_runbook_runs_as_written_on_the_cpu_stack(stack):
     assert len(recs) == PROMPTS and set(recs.values()) == {1}, recs
     status = by[f"make status RUN={RUN}"][0]
     assert RUN in status and "done" in status, status[-2000:]
+    assert list((runs / RUN / "data").rglob("*.safetensors")), "build-data wrote no shard"
     # extraction ran on the extractor's own backend from .env: vLLM, split over 2 tensor-parallel ranks
     logs = sh(f"{ctx['compose']} logs --no-color extractor", env)
     assert "backend vllm" in logs and "tensor parallel 2" in logs, logs[-3000:]
