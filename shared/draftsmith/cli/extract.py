@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from draftsmith.artifacts.features import load_manifest
 from draftsmith.artifacts.location import mask_url, run_location
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
@@ -102,8 +103,6 @@ def manifest_header(plan, sync: bool) -> dict:
     the ``backend`` the manifest already names. Queued jobs run on the extraction workers' own backend, which this
     process does not know (it enqueues from the generator container on the Compose stack): its own default would
     overwrite what the workers recorded, and rewrite the manifest of a run with nothing to do."""
-    from draftsmith.artifacts.features import load_manifest
-
     header = plan.manifest_header()
     old = None if sync else load_manifest(Path(plan.features_dir))
     if old and old.get("backend"):
