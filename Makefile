@@ -141,10 +141,10 @@ test: $(STAMP) redis ## Every test, slow and end-to-end ones included (real Redi
 PEER_QUICK_OUT = --deselect tests/test_peer_quick.py::test_peer_quick_prints_both_sides_the_ratio_and_its_interval
 
 .PHONY: test-stack
-test-stack: $(STAMP) redis ## Only the Compose stack test (podman, installed if missing; ~15 min cold; part of `make test`)
+test-stack: $(STAMP) redis ## Only the Compose stack test, docs/gpu-host.md section 9 on the CPU stack (podman, installed if missing; ~20 min cold; part of `make test`)
 	@bash scripts/ci-system-deps.sh
 	@scripts/podman-host.sh start
-	$(VENV)/bin/python -m pytest -v -p no:cacheprovider tests/stack/test_stack_cpu.py $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -v -p no:cacheprovider tests/stack/test_runbook.py $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: $(STAMP) redis ## Tests that need no vLLM server and train nothing

@@ -7,7 +7,8 @@
 - vLLM: one CPU server for the whole test session (it takes one to three minutes to start), started on first use.
   ``TEST_DRAFTSMITH_VLLM_URL`` points the tests at a server already running instead (handy while developing).
 - Parallel runs (``make test`` runs two pytest-xdist workers, ``--dist loadgroup``): every test that uses the
-  shared server or the small demo is in the xdist group ``vllm`` and the Compose stack test in ``stack``, so each
+  shared server or the small demo is in the xdist group ``vllm`` and the Compose stack test (tests/stack/
+  test_runbook.py, the one test that brings the stack up) in ``stack``, so each
   expensive resource is built by one worker only; the longest work is handed out first (docs/testing.md).
 """
 

@@ -144,6 +144,18 @@ def test_cli_sync_extracts_and_resumes(data_run, embedded_target):
     # other layers into the same store: refused, nothing changed
     p = run_cli("extract", "--run", "t", "--sync", env_extra=env)
     assert p.returncode == 2 and "other layer_ids" in p.stderr
+    # queued (no --sync) with nothing to do, on a run whose workers extracted on another backend than this
+    # process's (the Compose stack enqueues from the generator container, the extractor runs vLLM): the manifest
+    # keeps the workers' backend and is not written again
+    from draftsmith.artifacts import features
+
+    feats = data_run / "features"
+    features.write_manifest(feats, {**features.load_manifest(feats), "backend": "vllm"})
+    mtime = features.manifest_path(feats).stat().st_mtime_ns
+    p = run_cli("extract", "--run", "t", "--layers", "2,10,20", env_extra=env)
+    assert p.returncode == 0 and "nothing to do" in p.stdout, p.stderr[-2000:]
+    assert features.load_manifest(feats)["backend"] == "vllm"
+    assert features.manifest_path(feats).stat().st_mtime_ns == mtime
 
 
 @pytest.mark.parametrize("case", ["layers", "tokenizer", "manifest", "disk"])

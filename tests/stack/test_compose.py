@@ -465,7 +465,7 @@ def test_trainer_command_parses_under_torchrun(services):
     """compose's trainer and `make train` run `draftsmith train-launch`, whose torchrun command (one node or a c10d
     rendezvous across several) torchrun's own parser accepts.
 
-    Found by the stack test (tests/stack/test_stack_cpu.py): `torchrun ... -m draftsmith train --run demo` exits 2
+    Found by the Compose stack test (tests/stack/test_runbook.py): `torchrun ... -m draftsmith train --run demo` exits 2
     ("ambiguous option: --run could match --run-path"), since argparse matches option prefixes anywhere on the line.
     The run travels as DRAFTSMITH_RUN instead.
     """

@@ -1,15 +1,25 @@
-"""docs/gpu-host.md section 9 run as written, on the CPU Compose stack: the seed's job with a tiny Kimi-K2.5.
+"""docs/gpu-host.md section 9 run as written on the CPU Compose stack, and the stack's own checks in the same run.
 
-Part of `make test` (podman behind its Docker API, docker-compose 1.29, local images: as tests/stack/test_stack_cpu.py).
-The `.env` lines and the commands are read from the doc's marked blocks (tests/stack/runbook.py); what a CPU runs
-instead comes from the table beside them, never from editing a command. Real parts throughout: the tiny target in
-Kimi-K2.5's checkpoint layout (`draftsmith target make-tiny-kimi`: its own tokenizer code, MLA + MoE) served by
-vLLM's CPU build in the `cpu` profile's target; the generator pool; build-data in the generator container; the
-extractor on the `vllm` backend split over 2 tensor-parallel rank processes, as `.env` says; the trainer's
-one-off container fine-tuning from a drafter of another draft vocabulary (remapped, the overlap logged) with its
-rope adapted; the target restarted with the drafter and acceptance measured by vLLM in the evaluator; then the
-engine switch of the runbook's last line (`ENGINE=vllm`: `make up` stops the `cpu` target first and starts
-`target-vllm`, the project image's vLLM CPU build standing in for the official image) and the measurement again.
+Part of `make test` (`make test-stack` runs it alone): the one test that brings the Compose stack up. Real
+containers: podman behind its Docker-compatible API, driven by docker-compose 1.29 (scripts/podman-host.sh installs
+and starts them where no Docker engine runs); real images built here without a registry (`make images`,
+scripts/local-images.sh). The `.env` lines and the commands are read from the doc's marked blocks
+(tests/stack/runbook.py); what a CPU runs instead comes from the table beside them, never from editing a command.
+Real parts throughout: the tiny target in Kimi-K2.5's checkpoint layout (`draftsmith target make-tiny-kimi`: its
+own tokenizer code, MLA + MoE) served by vLLM's CPU build in the `cpu` profile's target (`make up` with
+`ENGINE=cpu`, the README's CPU path); two generator containers; build-data in the generator container; the
+extractor on the `vllm` backend split over 2 tensor-parallel rank processes, as `.env` says; the trainer's one-off
+container fine-tuning from a drafter of another draft vocabulary (remapped, the overlap logged) with its rope
+adapted; the target restarted with the drafter and acceptance measured by vLLM in the evaluator; then the engine
+switch of the runbook's last line (`ENGINE=vllm`: `make up` stops the `cpu` target first and starts `target-vllm`,
+the project image's vLLM CPU build standing in for the official image) and the measurement again.
+
+The stack's own checks (tests/stack/stack_checks.py) ride on the same run: a generator container SIGKILLed while
+it holds the run's generation job, the job done by the other container with nothing lost or duplicated; every
+Prometheus target up and every dashboard query answered; `make down` then the README's `make up ENGINE=cpu`, the
+queue and the run surviving and nothing redone. Afterwards nothing of the project is left (containers, volumes,
+network). Grafana cannot run here (no registry or Debian package ships it): the stack starts with
+`--scale grafana=0`, and each dashboard query is evaluated against the stack's own Prometheus instead.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import httpx
 import pytest
 from draftsmith.target.server import free_port
 from runbook import runbook
+from stack_checks import busy_generator, check_prometheus, record_counts, redis_client, wait_for, work_mtimes
 from stack_helpers import REPO, record_phase
 
 pytestmark = [pytest.mark.slow]
@@ -50,15 +61,6 @@ def sh(cmd: list[str] | str, env: dict[str, str], timeout: float = 1800, check: 
             f"{cmd if isinstance(cmd, str) else ' '.join(cmd)} exited {p.returncode}:\n{out[-4000:]}"
         )
     return out
-
-
-def wait_for(cond, timeout: float, every: float = 5.0, what: str = "") -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if cond():
-            return
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def set_env(env_file: Path, key: str, line: str) -> None:
@@ -153,12 +155,6 @@ def job_failed(ctx) -> bool:
     return "ERROR draftsmith.jobqueue.worker: job extract-" in logs
 
 
-def records(runs: Path) -> int:
-    from draftsmith.generation.store import iter_records
-
-    return sum(1 for _ in iter_records(runs / RUN / "records")) if (runs / RUN / "records").is_dir() else 0
-
-
 def healthy(port: int) -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
@@ -219,7 +215,7 @@ def _stack(tmp: Path, env: dict[str, str], compose: str):
         "MODELS_DIR": str(tmp / "models"),
         "RUNS_DIR": str(tmp / "runs"),
         "PROMPTS_DIR": str(REPO / "data"),
-        "GENERATOR_PROCESSES": "2",
+        "GENERATOR_PROCESSES": "1",  # one worker in each of the two generator containers (UP_ARGS below)
         **{k: str(v) for k, v in ports.items()},
     }
     for k, v in host.items():
@@ -236,7 +232,11 @@ def _stack(tmp: Path, env: dict[str, str], compose: str):
         PROJECT=PROJECT,
         COMPOSE_FILES="-f compose.yaml",
         BUILD="",
-        UP_ARGS="--scale grafana=0",
+        UP_ARGS="--scale grafana=0 --scale generator=2",  # two: one is SIGKILLed mid-job
+        # `make enqueue`'s batch: the 16 prompts as four jobs, so that the run's progress moves job by job and the
+        # surviving worker runs them one after the other (the generation dashboard's ETA and in-flight panels
+        # need a few scrapes of it; one job of 16 ended between two)
+        BATCH="4",
     )
     ctx = {
         "tmp": tmp,
@@ -292,12 +292,13 @@ def test_the_seeds_runbook_runs_as_written_on_the_cpu_stack(stack):
         with log.open("a") as f:
             f.write(f"$ {cmd}\n{out}\n")
         if cmd.split("#")[0].strip() == "make up":  # the operator waits for the target (section 4)
-            wait_for(lambda: healthy(ctx["ports"]["TARGET_PORT"]), 900, 5, "the target to answer /health")
+            wait_for(lambda: healthy(ctx["ports"]["TARGET_PORT"]), 900, 2, "the target to answer /health")
         elif cmd.startswith("make enqueue"):
-            wait_for(lambda: records(runs) >= PROMPTS, 1200, 5, "one generation record per prompt")
+            assert f"Pending: {PROMPTS}" in out, out[-2000:]
+            generation_survives_a_killed_generator(ctx)
         elif cmd.startswith("make extract"):
             wait_for(
-                lambda: extraction_done(runs / RUN) or job_failed(ctx), 1200, 10, "the extractor's shards"
+                lambda: extraction_done(runs / RUN) or job_failed(ctx), 1200, 3, "the extractor's shards"
             )
             assert extraction_done(runs / RUN), sh(
                 f"{ctx['compose']} logs --no-color --tail=60 extractor", env
@@ -314,8 +315,13 @@ def test_the_seeds_runbook_runs_as_written_on_the_cpu_stack(stack):
     for cmd, out in outputs:
         by.setdefault(cmd.split("#")[0].strip() if cmd != "report" else "report", []).append(out)
 
-    # generation: one record per prompt; `make status` counts the answers cut at their length limit apart
-    assert records(runs) == PROMPTS
+    # generation: one record per prompt, and `make status` says it is done (it counts the answers cut at their
+    # length limit apart)
+    recs = record_counts(runs, RUN)
+    assert len(recs) == PROMPTS and set(recs.values()) == {1}, recs
+    status = by[f"make status RUN={RUN}"][0]
+    assert RUN in status and "done" in status, status[-2000:]
+    assert list((runs / RUN / "data").rglob("*.safetensors")), "build-data wrote no shard"
     # extraction ran on the extractor's own backend from .env: vLLM, split over 2 tensor-parallel ranks
     logs = sh(f"{ctx['compose']} logs --no-color extractor", env)
     assert "backend vllm" in logs and "tensor parallel 2" in logs, logs[-3000:]
@@ -351,3 +357,60 @@ def test_the_seeds_runbook_runs_as_written_on_the_cpu_stack(stack):
     assert "gpu-handover: stopping target-cpu first" in switch, switch[-3000:]
     running = sh(f"{ctx['compose']} --profile cpu --profile vllm ps --services --filter status=running", env)
     assert "target-vllm" in running.split() and "target-cpu" not in running.split(), running
+
+    # the stack's own checks on the same run: Prometheus, then down and up with nothing redone
+    mark[0] = time.time()
+    check_prometheus(f"http://127.0.0.1:{ctx['ports']['PROMETHEUS_PORT']}")
+    record_phase("stack: prometheus queries", time.time() - mark[0])
+    mark[0] = time.time()
+    enqueue = next(s.command for s in steps if s.command and s.command.startswith("make enqueue"))
+    nothing_redone_after_down_and_up(ctx, enqueue)
+    record_phase("stack: down, up, no redo", time.time() - mark[0])
+
+
+def compose_containers(ctx, service: str) -> dict[str, str]:
+    """``{12-character id: name}`` of the project's running containers of ``service``."""
+    out = sh([DOCKER, "ps", "--format", "{{.ID}} {{.Names}}", "--filter",
+              f"label=com.docker.compose.project={PROJECT}", "--filter",
+              f"label=com.docker.compose.service={service}"], ctx["env"])
+    return {line.split()[0][:12]: line.split()[1] for line in out.splitlines() if line.strip()}
+
+
+def generation_survives_a_killed_generator(ctx) -> None:
+    """SIGKILL the generator container that holds the run's job, right after `make enqueue`: the other container
+    does the job once rq finds its heartbeat lapsed, one record per prompt, none lost or duplicated; then `make up`
+    brings the killed container back (`docker kill` counts as a manual stop: no restart policy applies)."""
+    env, runs = ctx["env"], ctx["runs"]
+    r = redis_client(ctx["env_file"], ctx["ports"]["REDIS_PORT"])
+    containers = compose_containers(ctx, "generator")
+    assert len(containers) == 2, containers
+    victim = busy_generator(r, containers)
+    sh([DOCKER, "kill", "--signal", "KILL", victim], env)
+    print(f"SIGKILLed generator container {victim} mid-job")
+    wait_for(lambda: sum(record_counts(runs, RUN).values()) >= PROMPTS, 1200, 2,
+             "one generation record per prompt, the killed container's job done by the other")
+    recs = record_counts(runs, RUN)
+    assert len(recs) == PROMPTS and set(recs.values()) == {1}, recs
+    sh("make up", env)
+    assert len(compose_containers(ctx, "generator")) == 2, "make up did not bring the killed generator back"
+    wait_for(lambda: healthy(ctx["ports"]["TARGET_PORT"]), 900, 2, "the target to answer /health")
+
+
+def nothing_redone_after_down_and_up(ctx, enqueue: str) -> None:
+    """`make down`, then the README's `make up ENGINE=cpu`: Redis kept its data, the runbook's enqueue finds every
+    prompt done, `make extract` has nothing to do, and no file a stage writes was rewritten or removed."""
+    env, runs = ctx["env"], ctx["runs"]
+    before = work_mtimes(runs / RUN)
+    assert any("features" in p.parts for p in before) and any("records" in p.parts for p in before)
+    sh("make down", env, timeout=600)
+    sh("make up ENGINE=cpu", env)
+    wait_for(lambda: healthy(ctx["ports"]["TARGET_PORT"]), 900, 2, "the target to answer /health after down/up")
+    r = redis_client(ctx["env_file"], ctx["ports"]["REDIS_PORT"])
+    assert r.exists(f"draftsmith:progress:{RUN}") or r.keys("draftsmith*"), "Redis lost its data across down/up"
+    out = sh(enqueue, env)
+    assert "Pending: 0" in out, out[-2000:]
+    out = sh(f"make extract RUN={RUN}", env)
+    assert "nothing to do" in out, out[-2000:]
+    after = work_mtimes(runs / RUN)
+    changed = sorted(str(p.relative_to(runs)) for p in before if after.get(p) != before[p])
+    assert not changed, f"files of the run were rewritten or removed after down/up: {changed}"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from draftsmith.artifacts.features import load_manifest
 from draftsmith.artifacts.location import mask_url, run_location
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
@@ -59,7 +60,7 @@ def extract_cmd(
     plan, pending = plan_pending(s, store, sync)
     paths = RunPaths(Path(plan.run_dir).parent, s.run)
     paths.ensure(paths.features, paths.status)
-    store.rebuild_manifest(plan.manifest_header())
+    store.rebuild_manifest(manifest_header(plan, sync))
     write_status(plan, paths.status, started_at=time.time())
     if not pending:
         typer.echo(f"nothing to do: all {len(plan.shards)} feature shards of {run} exist in {where}")
@@ -95,6 +96,18 @@ def extract_here(s, store, plan, pending: list[int], status_dir: Path) -> None:
         f"extracted {len(m['shards'])}/{snap['shards_total']} shards, {m['samples']} samples, "
         f"{m['tokens']} tokens, {snap['bytes_written'] / 1e6:.1f} MB, skipped {m['skipped_samples']}"
     )
+
+
+def manifest_header(plan, sync: bool) -> dict:
+    """The run-level fields of the features manifest this call writes: the plan's, except that a queued call keeps
+    the ``backend`` the manifest already names. Queued jobs run on the extraction workers' own backend, which this
+    process does not know (it enqueues from the generator container on the Compose stack): its own default would
+    overwrite what the workers recorded, and rewrite the manifest of a run with nothing to do."""
+    header = plan.manifest_header()
+    old = None if sync else load_manifest(Path(plan.features_dir))
+    if old and old.get("backend"):
+        header["backend"] = old["backend"]
+    return header
 
 
 def plan_pending(s, store, sync: bool) -> tuple:
