@@ -143,8 +143,9 @@ def command(fn: Callable[..., Any], name: str, service: bool) -> Callable[..., A
                 print(f"{name} stopped by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
                 return None
             raise Interrupted(_KEPT[0] if _KEPT else None, signum=signum) from None
-        except Interrupted:
+        except Interrupted as e:  # a batch stage inside a service (the refresh loop's training) stopped by the signal
             if service:
+                print(f"{name} stopped by {signal.Signals(e.signum).name}", file=sys.stderr, flush=True)
                 return None
             raise
 

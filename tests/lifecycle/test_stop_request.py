@@ -59,3 +59,26 @@ def test_a_second_signal_stops_at_once(sig):
     out, _ = p.communicate(timeout=30)
     want = "KeyboardInterrupt" if sig == signal.SIGINT else "Terminated"
     assert out.split("\n")[:2] == [f"AT ONCE {want}", "RESTORED True"]
+
+
+@pytest.mark.parametrize("service", [True, False], ids=["service", "batch"])
+def test_an_inner_stage_stopped_by_a_signal_ends_a_service_with_its_line(service, capsys, request):
+    """A batch stage inside a service (the refresh loop's training) raises ``Interrupted`` when a signal stops it:
+    the service prints ``<name> stopped by SIG...`` and returns (exit 0) like a signal caught at its top; a batch
+    command passes the ``Interrupted`` on, for the CLI's one line and ``128 + signal``."""
+    from draftsmith.errors import Interrupted
+    from draftsmith.signals import command
+
+    def stage():
+        raise Interrupted("checkpoint step-00000004", signum=int(signal.SIGTERM))
+
+    wrapped = command(stage, "refresh", service)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    request.addfinalizer(lambda: [signal.signal(sig, h) for sig, h in before.items()])  # the wrapper installs its own
+    if service:
+        assert wrapped() is None
+        assert capsys.readouterr().err.strip().splitlines()[-1] == "refresh stopped by SIGTERM"
+    else:
+        with pytest.raises(Interrupted) as e:
+            wrapped()
+        assert e.value.exit_code == 143 and "refresh stopped" not in capsys.readouterr().err
