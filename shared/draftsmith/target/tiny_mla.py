@@ -48,7 +48,7 @@ THINK_TOKENS = ("<think>", "</think>")
 SPECIALS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>", *THINK_TOKENS]
 VOCAB_SIZE = 2048
 # Bumped whenever the recipe changes, so a cached checkpoint from an older recipe is rebuilt.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 2
 
 TINY_MLA = dict(
     vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
@@ -201,8 +201,7 @@ def train(model, ids, masks, steps: int, batch_size: int = 8, lr: float = 2e-3, 
         model: a transformers causal LM (fp32, CPU).
         ids, masks: from :func:`training_batches`.
         steps: optimizer steps.
-        batch_size: sequences per step: the examples sorted by length and cut into batches of this many, each
-            padded to its longest; an epoch takes every batch once, in an order drawn anew each epoch.
+        batch_size: sequences per step (drawn with replacement).
         lr: peak learning rate.
         seed: seed of the batch order.
         threads: torch intra-op threads while training.
@@ -223,18 +222,12 @@ def train(model, ids, masks, steps: int, batch_size: int = 8, lr: float = 2e-3, 
     model.train()
     losses = []
     t0 = time.time()
-    # batches of examples of similar length, each padded to its longest: drawing 8 at random padded a third of every
-    # batch (docs/mla.md, Measured)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    buckets = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
     try:
         for step in range(steps):
-            if step % len(buckets) == 0:  # a new epoch: every example once, the batches in a new order
-                perm = torch.randperm(len(buckets), generator=g).tolist()
-            pick = buckets[perm[step % len(buckets)]]
+            pick = torch.randint(len(ids), (batch_size,), generator=g).tolist()
             n = max(len(ids[i]) for i in pick)
-            x = torch.full((len(pick), n), pad, dtype=torch.long)
-            y = torch.full((len(pick), n), -100, dtype=torch.long)
+            x = torch.full((batch_size, n), pad, dtype=torch.long)
+            y = torch.full((batch_size, n), -100, dtype=torch.long)
             for row, i in enumerate(pick):
                 t = torch.tensor(ids[i])
                 m = torch.tensor(masks[i], dtype=torch.bool)
