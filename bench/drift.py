@@ -235,7 +235,7 @@ def main() -> None:
     ap.add_argument("--refresh-steps", type=int, default=150, help="training steps of the refresh (from v1)")
     ap.add_argument("--seed", type=int, default=0, help="code pool shuffle and training seed")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis (queues, routes, locks)")
-    ap.add_argument("--workdir", type=Path, default=None, help="run folder parent (default: a temporary folder)")
+    ap.add_argument("--workdir", type=Path, default=None, help="run folder parent, kept (default: a temporary folder, removed at the end)")
     args = ap.parse_args()
 
     from draftsmith.config import load_settings
@@ -246,40 +246,45 @@ def main() -> None:
 
     t_all = time.time()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="drift-"))
-    prompts_dir = Path(__file__).resolve().parents[1] / "data" / "prompts"
-    traffic, canary, heldout = code_split(prompts_dir, args.seed, args.traffic, args.canary, args.heldout)
-    canary_file = work / "canary-code.jsonl"
-    work.mkdir(parents=True, exist_ok=True)
-    canary_file.write_text("".join(json.dumps({"turns": [r["prompt"]]}) + "\n" for r in canary))
-    base = {"runs_dir": str(work / "runs"), "run": "drift", "prompts_dir": str(prompts_dir),
-            "redis": {"url": args.redis, "prefix": "draftsmith-drift"}}
-    demo = train_static(args, base, say)
-    s = load_settings(demo.config_file, {
-        "redis": {"url": args.redis}, "eval": {"k": 3},
-        "canary": {"sets": [str(canary_file)], "min_requests": args.canary, "max_tokens": 64},
-        "refresh": {"min_new_records": max(1, args.traffic // 2), "max_steps": args.refresh_steps, "drain_s": 5.0}})
-    version, record, swap_ok, swap_failed = serve_and_refresh(args, s, demo, [r["prompt"] for r in traffic], say)
-    say(f"canary: {record['decision']} {record['candidate']} vs {record['current']}, ratio "
-        f"{record['interval_ratio']:.3f} [{record['interval_low']:.3f}, {record['interval_high']:.3f}] over "
-        f"{record['interval_pairs']} code prompts")
-    from draftsmith.serving.versions import get_version
+    try:
+        prompts_dir = Path(__file__).resolve().parents[1] / "data" / "prompts"
+        traffic, canary, heldout = code_split(prompts_dir, args.seed, args.traffic, args.canary, args.heldout)
+        canary_file = work / "canary-code.jsonl"
+        work.mkdir(parents=True, exist_ok=True)
+        canary_file.write_text("".join(json.dumps({"turns": [r["prompt"]]}) + "\n" for r in canary))
+        base = {"runs_dir": str(work / "runs"), "run": "drift", "prompts_dir": str(prompts_dir),
+                "redis": {"url": args.redis, "prefix": "draftsmith-drift"}}
+        demo = train_static(args, base, say)
+        s = load_settings(demo.config_file, {
+            "redis": {"url": args.redis}, "eval": {"k": 3},
+            "canary": {"sets": [str(canary_file)], "min_requests": args.canary, "max_tokens": 64},
+            "refresh": {"min_new_records": max(1, args.traffic // 2), "max_steps": args.refresh_steps, "drain_s": 5.0}})
+        version, record, swap_ok, swap_failed = serve_and_refresh(args, s, demo, [r["prompt"] for r in traffic], say)
+        say(f"canary: {record['decision']} {record['candidate']} vs {record['current']}, ratio "
+            f"{record['interval_ratio']:.3f} [{record['interval_low']:.3f}, {record['interval_high']:.3f}] over "
+            f"{record['interval_pairs']} code prompts")
+        from draftsmith.serving.versions import get_version
 
-    prov = get_version(demo.paths.root, version).provenance
-    say(f"{version} provenance: from {prov['from_version']}, trigger {prov['trigger']}, records {prov['records']}, "
-        f"data manifest {str(prov['data_manifest_sha256'])[:12]}, records manifest "
-        f"{str(prov['records_manifest_sha256'])[:12]}")
-    target, vdir = demo.target_dir(), demo.paths.root / "drafters"
-    held = [r["prompt"] for r in heldout]
-    static = measure(s, target, vdir / "v1", held, args.max_tokens, demo.paths.logs / "measure-v1.log")
-    fresh = measure(s, target, vdir / version, held, args.max_tokens, demo.paths.logs / f"measure-{version}.log")
-    ratio, lo, hi = seeded_ratio({args.seed: fresh}, {args.seed: static})
-    say(f"ACCEPT static v1 code_heldout {acceptance_length(static):.3f}")
-    say(f"ACCEPT refreshed {version} code_heldout {acceptance_length(fresh):.3f}")
-    say(f"swap: {swap_ok} requests answered during the refresh; total {time.time() - t_all:.0f} s; run {work}")
-    say(f"RATIO drift_refresh {ratio:.3f}")
-    say(f"INTERVAL drift_refresh {lo:.3f} {hi:.3f}")
-    say(f"SWAP_FAILED_REQUESTS {swap_failed}")
+        prov = get_version(demo.paths.root, version).provenance
+        say(f"{version} provenance: from {prov['from_version']}, trigger {prov['trigger']}, records {prov['records']}, "
+            f"data manifest {str(prov['data_manifest_sha256'])[:12]}, records manifest "
+            f"{str(prov['records_manifest_sha256'])[:12]}")
+        target, vdir = demo.target_dir(), demo.paths.root / "drafters"
+        held = [r["prompt"] for r in heldout]
+        static = measure(s, target, vdir / "v1", held, args.max_tokens, demo.paths.logs / "measure-v1.log")
+        fresh = measure(s, target, vdir / version, held, args.max_tokens, demo.paths.logs / f"measure-{version}.log")
+        ratio, lo, hi = seeded_ratio({args.seed: fresh}, {args.seed: static})
+        say(f"ACCEPT static v1 code_heldout {acceptance_length(static):.3f}")
+        say(f"ACCEPT refreshed {version} code_heldout {acceptance_length(fresh):.3f}")
+        say(f"swap: {swap_ok} requests answered during the refresh; total {time.time() - t_all:.0f} s"
+            + (f"; run kept in {work}" if args.workdir else ""))
+        say(f"RATIO drift_refresh {ratio:.3f}")
+        say(f"INTERVAL drift_refresh {lo:.3f} {hi:.3f}")
+        say(f"SWAP_FAILED_REQUESTS {swap_failed}")
 
+    finally:
+        if args.workdir is None:  # a folder of its own: nothing of the run is left behind (--workdir keeps it)
+            shutil.rmtree(work, ignore_errors=True)
 
 if __name__ == "__main__":
     main()
