@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,17 +114,29 @@ class SeaweedFS:
         raise RuntimeError(f"SeaweedFS did not answer on {self.endpoint} within {timeout_s:.0f} s:\n{tail}")
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM to the server's process group, then SIGKILL after ``grace_s``; waits until it is gone."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to the server's process group, then SIGKILL after ``grace_s``; waits until it is gone, then
+        removes the unix sockets it left in the temporary folder (:meth:`sockets`)."""
+        if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        for sock in self.sockets():
+            sock.unlink(missing_ok=True)
+
+    def sockets(self) -> list[Path]:
+        """The unix sockets ``weed`` makes beside its gRPC and S3 ports (``seaweedfs-<part>-<port>.sock`` in the
+        temporary folder, one per port of this server) and does not remove when it stops."""
+        ports = {self.s3, self.s3_grpc, self.master, self.master_grpc, self.volume, self.volume_grpc, self.filer,
+                 self.filer_grpc, self.metrics}
+        tmp = Path(tempfile.gettempdir())
+        return [p for p in tmp.glob("seaweedfs-*.sock") if p.stem.rsplit("-", 1)[-1] in {str(x) for x in ports}]
 
     def make_bucket(self, name: str) -> None:
         """Create bucket ``name`` (s3fs ``mkdir`` of a top-level name)."""

@@ -138,9 +138,11 @@ def test_wrong_credentials_are_one_line_without_the_secret(tmp_path, monkeypatch
         text = str(err.value)
         assert "refused access to s3://locked/runs/r2" in text and "AWS_SECRET_ACCESS_KEY" in text
         assert "wrong-secret" not in text and "5e2b8d4f" not in text
+        assert store.sockets(), "weed made no unix sockets: the clean-up below checks nothing"
     finally:
         store.stop()
         S3FileSystem.clear_instance_cache()
+    assert store.sockets() == []  # nothing of the server is left in the temporary folder
 
 
 def test_build_data_pulls_each_prompt_once_into_its_working_copy(s3_runs, tmp_path):
