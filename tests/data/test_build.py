@@ -148,3 +148,18 @@ def test_reasoning_only_turn_is_unclosed():
     assert unclosed_reasoning(rec("Natalia sold 48/2 = 24 clips.", ""))
     assert not unclosed_reasoning(rec("Natalia sold 48/2 = 24 clips.", "The answer is 72."))
     assert not unclosed_reasoning(rec(None, "The answer is 72."))  # no reasoning target
+
+
+def test_captured_prompts_without_an_answer_do_not_count_towards_the_drop_rate(tmp_path):
+    """A refresh builds over the generated records and the captured traffic: prompts the gateway kept without the
+    target's answer are counted apart and leave the drop rate to the records that went wrong."""
+    from collections import Counter
+
+    from draftsmith.data.build import UNANSWERED, BuildStats
+
+    st = BuildStats(records=10, dropped=Counter({UNANSWERED: 6, "too_long": 1}))
+    assert st.drop_rate == pytest.approx(0.25)  # 1 of the 4 answered records
+    assert st.failure(DataConfig(max_drop_rate=0.3), tmp_path) is None
+    assert str(st.failure(DataConfig(max_drop_rate=0.2), tmp_path)).startswith(
+        "1 of 4 records dropped (rate 0.2500 > data.max_drop_rate 0.2; 6 captured prompts without an answer not counted)")
+    assert BuildStats(records=3, dropped=Counter({UNANSWERED: 3})).drop_rate == 0.0

@@ -39,6 +39,8 @@ log = get_logger(__name__)
 
 CHUNK = 256  # records rendered and tokenized per batch
 MAX_REPORTED_MISMATCHES = 50
+# the drop reason of a captured prompt the gateway kept without the target's answer (serving/capture.py)
+UNANSWERED = "record_error:unanswered"
 
 
 @dataclass
@@ -158,8 +160,11 @@ class BuildStats:
 
     @property
     def drop_rate(self) -> float:
-        """Share of the record lines dropped."""
-        return sum(self.dropped.values()) / self.records if self.records else 0.0
+        """Share of the record lines dropped, captured prompts that were never answered left out of both counts:
+        they wait for an answer, they are not records that went wrong (docs/serving.md, "Refresh")."""
+        waiting = self.dropped.get(UNANSWERED, 0)
+        records = self.records - waiting
+        return (sum(self.dropped.values()) - waiting) / records if records > 0 else 0.0
 
     def failure(self, cfg: DataConfig, records_dir: Path) -> DataError | None:
         """Why this build must not be used (no record, mismatch or drop rate above its threshold), else None."""
@@ -175,9 +180,12 @@ class BuildStats:
                 "render reasoning with the target's template (see docs/data.md) or fix the records",
             )
         if self.drop_rate > cfg.max_drop_rate:
+            waiting = self.dropped.get(UNANSWERED, 0)
             return DataError(
-                f"{sum(self.dropped.values())} of {self.records} records dropped (rate {self.drop_rate:.4f} > "
-                f"data.max_drop_rate {cfg.max_drop_rate}): {dict(self.dropped)}",
+                f"{sum(self.dropped.values()) - waiting} of {self.records - waiting} records dropped (rate "
+                f"{self.drop_rate:.4f} > data.max_drop_rate {cfg.max_drop_rate}"
+                + (f"; {waiting} captured prompts without an answer not counted" if waiting else "")
+                + f"): {dict(self.dropped)}",
                 f"see {artifact.STATS_FILE} dropped_by_reason, fix the cause or raise data.max_drop_rate",
             )
         return None
