@@ -116,3 +116,21 @@ def test_a_target_recorded_as_any_pins_nothing(tmp_path):
         load_settings(None, {"runs_dir": str(runs), "run": "a", "target": {"model": SMOL}}), "train"
     )
     assert s.target.model == SMOL and s.data.max_length == 128 and taken == ["data.max_length=128"]
+
+
+def test_the_refresh_loop_and_the_gateway_take_the_runs_recorded_recipe_and_temperature(tmp_path):
+    """A refresh or gateway container with none of the run's lines in its environment: the run's data, extraction
+    and training recipe and its generation temperature come from the record; a run key given otherwise is refused."""
+    runs = tmp_path / "runs"
+    record(runs / "r", {"generation": {"temperature": 0.7}, "data": {"draft_vocab_size": 1024, "max_length": 512},
+                        "train": {"init_rope": "drafter", "max_steps": 12}}, ("generation", "data", "train"))
+    s = load_settings(None, {"runs_dir": str(runs), "run": "r"})
+    refresh, taken = check_stage(s, "refresh")
+    assert (refresh.data.draft_vocab_size, refresh.data.max_length, refresh.train.init_rope,
+            refresh.train.max_steps, refresh.generation.temperature) == (1024, 512, "drafter", 12, 0.7)
+    assert "data.draft_vocab_size=1024" in taken
+    gateway, _ = check_stage(s, "gateway")
+    assert gateway.generation.temperature == 0.7 and gateway.data.draft_vocab_size == s.data.draft_vocab_size
+    other = load_settings(None, {"runs_dir": str(runs), "run": "r", "data": {"draft_vocab_size": 4096}})
+    with pytest.raises(RunSettingsMismatch, match="data.draft_vocab_size: this command 4096, run 1024"):
+        check_stage(other, "refresh")

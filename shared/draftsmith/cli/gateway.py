@@ -7,6 +7,7 @@ import typer
 
 from draftsmith.cli import app, settings
 from draftsmith.cli.options import setting_option
+from draftsmith.cli.run_record import check_stage
 from draftsmith.paths import RunPaths
 from draftsmith.serving.capture import Capture
 
@@ -35,9 +36,11 @@ def gateway(
                        g.routes_refresh_s)
     cap = None
     if s.capture.enabled:
+        s, _ = check_stage(s, "gateway")  # an answer is the target's own at the run's recorded temperature only
         cap = Capture(s.capture, RunPaths(s.runs_dir, s.run).records, s.generation.temperature, s.run)
-    typer.echo(f"gateway on http://{g.addr}:{g.port} for run {s.run}: fallback {table.fallback.url}, capture "
-               f"{'on at ' + str(s.capture.sample_rate) if cap else 'off'}")
+    said = (f"on at {s.capture.sample_rate}, answers kept at temperature {s.generation.temperature}" if cap
+            else "off")
+    typer.echo(f"gateway on http://{g.addr}:{g.port} for run {s.run}: fallback {table.fallback.url}, capture {said}")
     # uvicorn.Server, not uvicorn.run: run() swallows the KeyboardInterrupt (and so the Terminated) that uvicorn
     # re-raises after its graceful shutdown, and the command would end without its "stopped by" line
     uvicorn.Server(uvicorn.Config(Gateway(table, cap, s.run, g.request_timeout_s).app(), host=g.addr, port=g.port,

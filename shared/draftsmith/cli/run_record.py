@@ -47,6 +47,11 @@ STAGES: dict[str, StageKeys] = {
     "train": StageKeys(reads=("target", "data"), owns=("train",), make="make train"),
     "export": StageKeys(reads=("target",), owns=("export",), make="make export"),
     "eval": StageKeys(reads=("target",), owns=("eval",), make="make eval"),
+    # a refresh continues the serving drafter: the run's data, extraction and training recipe, from wherever it runs
+    # captured answers are kept as the target's own only at the temperature the run generated with
+    "gateway": StageKeys(reads=("generation",), owns=(), make="draftsmith gateway"),
+    "refresh": StageKeys(reads=("target", "generation", "data", "extract", "train"), owns=(),
+                         make="draftsmith refresh"),
 }
 
 
