@@ -63,7 +63,7 @@ RUN_JOB = $(COMPOSE) exec -T -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) generator
 # skips it)
 GPU_HANDOVER ?= $(PYTHON) scripts/gpu-handover.py --engine $(ENGINE) --compose "$(COMPOSE)"
 
-.PHONY: check-secrets images up down ps logs enqueue status scale data extract train export eval doctor
+.PHONY: check-secrets images up down ps logs enqueue status scale data extract train export eval serve doctor
 check-secrets: ## Refuse to go on while a required secret in .env is empty or weak (names them)
 	@scripts/check-secrets.sh $(ENV_FILE)
 
@@ -76,7 +76,7 @@ up: check-secrets ## Start the stack with the target in ENGINE (vllm, sglang or 
 	@echo "Grafana: http://127.0.0.1:$${GRAFANA_PORT:-3000} (admin password in $(ENV_FILE)); make status RUN=$(RUN)"
 
 down: check-secrets ## Stop the stack (volumes kept: Redis data, Prometheus and Grafana history)
-	$(COMPOSE) --profile vllm --profile sglang --profile cpu --profile train --profile eval down
+	$(COMPOSE) --profile vllm --profile sglang --profile cpu --profile train --profile eval --profile serving down
 
 ps: check-secrets ## Containers of the stack and their health
 	$(COMPOSE) --profile $(ENGINE) ps
@@ -114,6 +114,10 @@ eval: check-secrets ## Acceptance of the drafter in the running target (DRAFTER_
 	@$(GPU_HANDOVER) eval
 	$(COMPOSE) --profile eval run --rm -e DRAFTSMITH_RUN=$(RUN) $(JOB_ENV) evaluator \
 	  draftsmith eval --run $(RUN) --engine $(EVAL_ENGINE_USED) --url http://target:8000
+
+serve: check-secrets ## Serve through the gateway, capture traffic and refresh the drafter from it: make serve RUN=demo (the target's DRAFTER_DIR becomes the run's first version; CAPTURE_ENABLED=true in .env; docs/serving.md)
+	$(RUN_JOB) draftsmith canary --adopt --run $(RUN) --stable-url http://target:8000 $(call env_value,DRAFTER_DIR)
+	DRAFTSMITH_RUN=$(RUN) $(COMPOSE) --profile serving up -d $(BUILD) gateway refresh
 
 doctor: check-secrets ## Why is the acceptance low: causes ranked, with evidence and fix (docs/doctor.md): make doctor RUN=demo
 	$(RUN_JOB) draftsmith doctor --run $(RUN)

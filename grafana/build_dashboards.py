@@ -199,6 +199,16 @@ SERVING = Dashboard(
         Panel("Serving drafter version", [(
             f"max by (run) (draftsmith_serving_drafter_version{{{RUN}}})", "v {{run}}")], kind="stat", width=8,
             description="N of the version v<N> on the run's stable route after the last decision."),
+        Panel("Refresh loop: stage", [(
+            f"max by (stage) (draftsmith_refresh_stage{{{RUN}}})", "{{stage}}")], width=8,
+            description="1 for the stage the run's refresh loop is in: idle, build (data), extract, train (and "
+            "export), canary (`draftsmith refresh`, docs/serving.md)."),
+        Panel("Refresh: seconds per stage, last cycle", [(
+            f"max by (stage) (draftsmith_refresh_stage_seconds{{{RUN}}})", "{{stage}}")], unit="s", width=8),
+        Panel("Refresh cycles by result", [(
+            f"sum by (result) (increase(draftsmith_refresh_cycles_total{{{RUN}}}[{RI}]))", "{{result}}")], width=8,
+            description="Cycles that made a version: promoted, rolled_back (the serving drafter kept), failed "
+            "(a stage raised; the serving drafter kept)."),
     ],
 )
 

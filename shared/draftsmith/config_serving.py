@@ -69,6 +69,11 @@ class CanaryConfig(Section):
     resamples: int = Run(2000, ge=100, description="Bootstrap resamples.")
     lock_timeout_s: float = Host(60.0, gt=0, description="The trial lock expires this long after its holder stops "
                                  "renewing it (a crashed canary frees the run).")
+    engine_host: str = Host("127.0.0.1", description="Address the candidate's vLLM engine listens on (0.0.0.0 "
+                            "when the gateway runs in another container or host).")
+    engine_url_host: str | None = Host(None, description="Host name the gateway and the loop reach the candidate's "
+                                       "engine by, written into the routes (in Compose: the service name, refresh); "
+                                       "None = engine_host.")
 
 
 class RefreshConfig(Section):

@@ -100,6 +100,20 @@ CANARY_ACCEPT_LEN = Gauge(
     f"{NS}_canary_acceptance_length", "Mean acceptance length per request (bonus token counted) of a drafter version "
     "in the run's last canary trial.", ["run", "version"], multiprocess_mode="mostrecent",
 )
+# ---- refresh loop (draftsmith.serving.refresh) ----
+REFRESH_STAGE = Gauge(
+    f"{NS}_refresh_stage", "1 for the stage the run's refresh loop is in (idle, build, extract, train, canary), 0 for "
+    "the others.", ["run", "stage"], multiprocess_mode="mostrecent",
+)
+REFRESH_STAGE_SECONDS = Gauge(
+    f"{NS}_refresh_stage_seconds", "Seconds the last refresh cycle spent in each stage.", ["run", "stage"],
+    multiprocess_mode="mostrecent",
+)
+REFRESH_CYCLES = Counter(
+    f"{NS}_refresh_cycles", "Refresh cycles that made a version, by result (promoted, rolled_back, failed).",
+    ["run", "result"],
+)
+
 
 def multiprocess_enabled() -> bool:
     """True when prometheus_client writes samples to ``PROMETHEUS_MULTIPROC_DIR`` (set before import)."""

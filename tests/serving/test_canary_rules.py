@@ -16,7 +16,7 @@ from draftsmith.paths import RunPaths
 from draftsmith.serving import canary
 from draftsmith.serving.canary_lock import CanaryBusy, TrialLock, lock_key
 from draftsmith.serving.canary_stats import PROMOTE, ROLLBACK, decide, paired_ratio_interval
-from draftsmith.serving.routes import Routes, read_routes, write_routes
+from draftsmith.serving.routes import Routes, read_routes, routes_key, write_routes
 from draftsmith.serving.versions import add_version, get_version, list_versions, read_serving, write_serving
 
 CURRENT = [1.0, 1.1, 1.0, 1.2, 1.05, 1.0, 1.15, 1.1]
@@ -141,3 +141,46 @@ def test_a_second_canary_on_the_run_is_refused_while_the_first_holds_the_lock(ca
             canary.run_canary(canary_settings, good)
     assert read_routes(client, canary_settings.redis.prefix, "r") == before  # the serving drafter still serves
     assert list_versions(RunPaths(canary_settings.runs_dir, "r").root) == []
+
+
+def test_adopting_the_served_drafter_makes_the_first_version_once_and_refuses_a_mismatch(canary_settings,
+                                                                                        embedded_target, tmp_path):
+    s = canary_settings.model_copy(update={"run": "adopted"})
+    client = redis.Redis.from_url(s.redis.url)
+    client.delete(routes_key(s.redis.prefix, "adopted"))
+    assert read_routes(client, s.redis.prefix, "adopted") is None
+    other = _random_export(embedded_target, tmp_path / "other")
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["vocab_size"] = 32000  # another target's drafter: refused before anything is written
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="vocabulary mismatch"):
+        canary.adopt(s, other, "http://target:8000", client)
+    root = RunPaths(s.runs_dir, "adopted").root
+    assert list_versions(root) == [] and read_routes(client, s.redis.prefix, "adopted") is None
+    served = _random_export(embedded_target, tmp_path / "served")
+    v, adopted = canary.adopt(s, served, "http://target:8000/", client)
+    assert (v.name, adopted) == ("v1", True)
+    assert v.provenance["made_by"] == "draftsmith canary --adopt" and v.provenance["served_at"] == "http://target:8000/"
+    routes = read_routes(client, s.redis.prefix, "adopted")
+    assert (routes.stable, routes.stable_drafter, routes.canary) == ("http://target:8000", "v1", None)
+    assert read_serving(root)["version"] == "v1"
+    again, adopted = canary.adopt(s, served, "http://target:8000", client)  # `make serve` run a second time
+    assert (again.name, adopted) == ("v1", False) and [x.name for x in list_versions(root)] == ["v1"]
+
+
+def test_the_candidate_engine_listens_where_the_settings_say_and_the_routes_name_it_by_its_service(canary_settings,
+                                                                                                  embedded_target,
+                                                                                                  tmp_path):
+    drafter = _random_export(embedded_target, tmp_path / "d")
+    local = canary.engine_spec(canary_settings, embedded_target, drafter)
+    assert (local.host, local.url) == ("127.0.0.1", f"http://127.0.0.1:{local.port}")
+    s = canary_settings.model_copy(update={"canary": canary_settings.canary.model_copy(
+        update={"engine_host": "0.0.0.0", "engine_url_host": "refresh"})})
+    spec = canary.engine_spec(s, embedded_target, drafter)
+    cmd = spec.command()
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert spec.url == f"http://refresh:{spec.port}"  # what the gateway in another container reaches
+    assert local.served_name == embedded_target.name  # no target.model: the folder's name, as `target serve`
+    named = s.model_copy(update={"target": s.target.model_copy(update={"model": "target"})})
+    # after a promotion the clients' requests keep the model name the stable engine served them under
+    assert canary.engine_spec(named, embedded_target, drafter).served_name == "target"

@@ -17,7 +17,7 @@ from draftsmith.errors import DataError, ModelError
 from draftsmith.evaluation.vllm_metrics import SpecCounters
 from draftsmith.paths import RunPaths
 from draftsmith.serving.canary_lock import TrialLock, lock_key
-from draftsmith.serving.refresh import RefreshBusy, check_trigger, new_version, refresh_cycle
+from draftsmith.serving.refresh import STAGES, RefreshBusy, check_trigger, new_version, refresh_cycle
 from draftsmith.serving.refresh_trigger import (
     TrafficCount,
     count_traffic,
@@ -27,6 +27,7 @@ from draftsmith.serving.refresh_trigger import (
 )
 from draftsmith.serving.routes import Routes, read_routes, write_routes
 from draftsmith.serving.versions import add_version, list_versions, read_serving, write_serving
+from prometheus_client import REGISTRY
 
 RUN = "r"
 
@@ -117,9 +118,16 @@ def test_a_cycle_that_fails_at_a_stage_leaves_the_serving_drafter_serving_and_no
     routes = read_routes(client, s.redis.prefix, RUN)
     # records whose turns do not match their messages: build-data drops every one and refuses, the cycle stops there
     _write_shard(paths.records, "traffic-a.jsonl", [_traffic(i, created + 5) for i in range(4)])
+    failed = {"run": RUN, "result": "failed"}
+    before = REGISTRY.get_sample_value("draftsmith_refresh_cycles_total", failed) or 0.0
     with pytest.raises(DataError, match="4 of 4 records dropped"):
         refresh_cycle(s, client)
     _assert_untouched(s, paths, client, routes)
+    # on /metrics: one failed cycle, the loop idle again, the stage it failed in timed
+    assert REGISTRY.get_sample_value("draftsmith_refresh_cycles_total", failed) == before + 1
+    stages = {st: REGISTRY.get_sample_value("draftsmith_refresh_stage", {"run": RUN, "stage": st}) for st in STAGES}
+    assert stages == {"idle": 1.0, "build": 0.0, "extract": 0.0, "train": 0.0, "canary": 0.0}
+    assert REGISTRY.get_sample_value("draftsmith_refresh_stage_seconds", {"run": RUN, "stage": "build"}) > 0
     assert list((paths.root / "refresh").iterdir())  # the failed cycle's work folder stays for inspection
     broken = _export(tmp_path, "broken")
     (broken / "model.safetensors").unlink()

@@ -28,6 +28,10 @@ LIVE = ("draftsmith_generation_", "draftsmith_queue_", "draftsmith_workers_", "d
         "draftsmith_eval_", "vllm:")
 NOT_LIVE = ("draftsmith_generation_errors_total", "draftsmith_extract_skipped_samples_total",
             "draftsmith_eval_speedup")  # speedup needs a second server without the drafter; the stack has one target
+# the serving dashboard's sources once `make serve` ran a refresh cycle; not live: masking (the bundled prompts hold
+# nothing that looks like a secret)
+SERVING_LIVE = ("draftsmith_gateway_", "draftsmith_canary_", "draftsmith_serving_", "draftsmith_refresh_")
+SERVING_NOT_LIVE = ("draftsmith_gateway_masked_total",)
 # what a stage that ran again would rewrite, under runs/<run>/
 WORK = ("records", "data", "features", "checkpoints", "export")
 
@@ -90,20 +94,40 @@ def work_mtimes(run_dir: Path) -> dict[Path, int]:
 def check_prometheus(prom: str) -> None:
     """Every active scrape target of the Prometheus at ``prom`` up; every live dashboard query (:data:`LIVE`, less
     :data:`NOT_LIVE`) returns at least one series over the last 30 minutes."""
+    jobs = scrape_jobs_up(prom)
+    assert {"target", "generator", "extractor", "queue-exporter", "evaluator", "prometheus"} <= jobs, jobs
+    # the evaluator's gauges reach Prometheus at the Pushgateway's next scrape (15 s) after the job pushed them
+    queries_have_data(prom, LIVE, NOT_LIVE, at_least=30)
+
+
+def check_serving_queries(prom: str) -> None:
+    """After `make serve` and one refresh cycle: the gateway and refresh services scraped and up, and every
+    serving-dashboard query of the gateway, the canary and the refresh loop (:data:`SERVING_LIVE`) with data."""
+    jobs = scrape_jobs_up(prom)
+    assert {"gateway", "refresh"} <= jobs, jobs
+    queries_have_data(prom, SERVING_LIVE, SERVING_NOT_LIVE, at_least=8)
+
+
+def scrape_jobs_up(prom: str) -> set[str]:
+    """The jobs of the active scrape targets, once every one of them is up (waits up to 120 s)."""
     def all_up() -> bool:
         targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
         return bool(targets) and all(t["health"] == "up" for t in targets)
 
     wait_for(all_up, 120, 2, "every Prometheus scrape target up")
     targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
-    jobs = {t["labels"]["job"] for t in targets}
-    assert {"target", "generator", "extractor", "queue-exporter", "evaluator", "prometheus"} <= jobs, jobs
+    return {t["labels"]["job"] for t in targets}
+
+
+def queries_have_data(prom: str, live: tuple[str, ...], not_live: tuple[str, ...], at_least: int) -> None:
+    """Every dashboard query whose metrics all start with ``live`` (and none with ``not_live``) returns at least
+    one series over the last 30 minutes, within 90 s (a scrape or two after the metric appeared)."""
     queries = []
     for dashboard, title, expr in dashboard_queries():
         names = {n for n in promql_metric_names(expr) if not n.startswith("sglang:")}  # SGLang: another engine
-        if names and all(n.startswith(LIVE) and not n.startswith(NOT_LIVE) for n in names):
+        if names and all(n.startswith(live) and not n.startswith(not_live) for n in names):
             queries.append((dashboard, title, sorted(names), concrete(expr, run_regex=".*", rate_interval="2m")))
-    assert len(queries) >= 30, len(queries)
+    assert len(queries) >= at_least, len(queries)
 
     def without_data() -> list:
         end, empty = time.time(), []
@@ -115,7 +139,6 @@ def check_prometheus(prom: str) -> None:
                 empty.append((dashboard, title, names))
         return empty
 
-    # the evaluator's gauges reach Prometheus at the Pushgateway's next scrape (15 s) after the job pushed them
     t0 = time.time()
     while (empty := without_data()) and time.time() - t0 < 90:
         time.sleep(5)

@@ -17,7 +17,9 @@ the project image's vLLM CPU build standing in for the official image) and the m
 The stack's own checks (tests/stack/stack_checks.py) ride on the same run: a generator container SIGKILLed while
 it holds the run's generation job, the job done by the other container with nothing lost or duplicated; every
 Prometheus target up and every dashboard query answered; `make down` then the README's `make up ENGINE=cpu`, the
-queue and the run surviving and nothing redone. Afterwards nothing of the project is left (containers, volumes,
+queue and the run surviving and nothing redone; then the serving loop on the run (`make serve`: the gateway with
+capture on and the refresh service, one refresh cycle from traffic sent through the gateway, its canary's decision
+read back from the run, the routes and Prometheus). Afterwards nothing of the project is left (containers, volumes,
 network). Grafana cannot run here (no registry or Debian package ships it): the stack starts with
 `--scale grafana=0`, and each dashboard query is evaluated against the stack's own Prometheus instead.
 """
@@ -36,8 +38,17 @@ from pathlib import Path
 import httpx
 import pytest
 from draftsmith.target.server import free_port
+from prometheus_client.parser import text_string_to_metric_families
 from runbook import runbook
-from stack_checks import busy_generator, check_prometheus, record_counts, redis_client, wait_for, work_mtimes
+from stack_checks import (
+    busy_generator,
+    check_prometheus,
+    check_serving_queries,
+    record_counts,
+    redis_client,
+    wait_for,
+    work_mtimes,
+)
 from stack_helpers import REPO, record_phase
 
 pytestmark = [pytest.mark.slow]
@@ -203,6 +214,7 @@ def _stack(tmp: Path, env: dict[str, str], compose: str):
         "PROMETHEUS_PORT": free_port(),
         "TARGET_PORT": free_port(),
         "GRAFANA_PORT": free_port(),
+        "GATEWAY_PORT": free_port(),
     }
     env_file = tmp / ".env"
     shutil.copy(REPO / ".env.example", env_file)  # cp .env.example .env, then the host's lines (section 3)
@@ -251,7 +263,7 @@ def _stack(tmp: Path, env: dict[str, str], compose: str):
 
 def teardown(env: dict[str, str], compose: str) -> None:
     """`down -v` over every profile, then remove whatever of the project survived it; fail if anything is left."""
-    profiles = " ".join(f"--profile {p}" for p in ("cpu", "vllm", "train", "eval"))
+    profiles = " ".join(f"--profile {p}" for p in ("cpu", "vllm", "train", "eval", "serving"))
     sh(f"{compose} {profiles} down -v --remove-orphans -t 20", env, check=False, timeout=300)
     label = f"label=com.docker.compose.project={PROJECT}"
     left = {}
@@ -366,6 +378,9 @@ def test_the_seeds_runbook_runs_as_written_on_the_cpu_stack(stack):
     enqueue = next(s.command for s in steps if s.command and s.command.startswith("make enqueue"))
     nothing_redone_after_down_and_up(ctx, enqueue)
     record_phase("stack: down, up, no redo", time.time() - mark[0])
+    mark[0] = time.time()
+    the_refresh_loop_serves_the_run(ctx)
+    record_phase("stack: serve, refresh, canary", time.time() - mark[0])
 
 
 def compose_containers(ctx, service: str) -> dict[str, str]:
@@ -414,3 +429,61 @@ def nothing_redone_after_down_and_up(ctx, enqueue: str) -> None:
     after = work_mtimes(runs / RUN)
     changed = sorted(str(p.relative_to(runs)) for p in before if after.get(p) != before[p])
     assert not changed, f"files of the run were rewritten or removed after down/up: {changed}"
+
+
+def captured_answers(port: int) -> float:
+    """The gateway's ``draftsmith_gateway_captured_total{kind="answered"}``, from its own /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(float(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "draftsmith_gateway_captured_total" and s.labels.get("kind") == "answered")
+
+
+def the_refresh_loop_serves_the_run(ctx) -> None:
+    """docs/serving.md's loop on the run the runbook made: `make serve` adopts the drafter the target serves as v1
+    and starts the gateway (capture on) and the refresh service; chat traffic at the run's temperature goes through
+    the gateway until enough answers are captured; the refresh loop builds, extracts and trains from v1 with the
+    run's recorded recipe in its container, and the canary there (the candidate's vLLM CPU engine in the refresh
+    container, reached by the gateway as http://refresh:<port>) promotes or rolls back v2; the decision is read
+    from decisions.jsonl, the routes, and Prometheus (the serving dashboard's gateway, canary and refresh queries)."""
+    env, runs, env_file, port = ctx["env"], ctx["runs"], ctx["env_file"], ctx["ports"]["GATEWAY_PORT"]
+    for key, value in {"CAPTURE_ENABLED": "true", "CAPTURE_SAMPLE_RATE": "1", "REFRESH_MIN_NEW_RECORDS": "4",
+                       "REFRESH_POLL_S": "5", "CANARY_MIN_REQUESTS": "4"}.items():
+        set_env(env_file, key, f"{key}={value}")
+    out = sh(f"make serve RUN={RUN}", env)
+    assert f"v1 serves run {RUN} at http://target:8000" in out, out[-3000:]
+    wait_for(lambda: healthy(port), 300, 2, "the gateway to pass /health through to the target")
+    record = json.loads((runs / RUN / "run-settings.json").read_text())["sections"]
+    temperature = record["generation"]["temperature"]  # captured answers count at the run's own temperature
+    questions = [json.loads(line)["question"] for line in
+                 (REPO / "data" / "prompts" / "gsm8k_train.jsonl").read_text().splitlines()[-40:]]
+    sent = 0
+    while captured_answers(port) < 4:  # about half of the tiny target's answers run into the length limit
+        assert sent < len(questions), f"{sent} requests gave fewer than 4 finished answers to capture"
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300, json={
+            "model": "target", "messages": [{"role": "user", "content": questions[sent]}],
+            "temperature": temperature, "max_tokens": 256})
+        assert r.status_code == 200, r.text[-2000:]
+        sent += 1
+    decisions = runs / RUN / "drafters" / "decisions.jsonl"
+    logs = lambda: sh(f"{ctx['compose']} --profile serving logs --no-color --tail=80 refresh", env, check=False)  # noqa: E731
+    wait_for(lambda: decisions.is_file() and decisions.read_text().strip(), 1200, 5,
+             "the refresh loop's canary decision")
+    decision = json.loads(decisions.read_text().splitlines()[-1])
+    print(f"refresh after {sent} requests: {decision['decision']} {decision['candidate']} vs {decision['current']}, "
+          f"ratio {decision['interval_ratio']:.3f} [{decision['interval_low']:.3f}, {decision['interval_high']:.3f}] "
+          f"over {decision['requests']} requests, {decision['identical_outputs']} identical")
+    assert (decision["candidate"], decision["current"], decision["requests"]) == ("v2", "v1", 4), decision
+    assert decision["candidate_url"].startswith("http://refresh:"), decision
+    prov = json.loads((runs / RUN / "drafters" / "v2" / "provenance.json").read_text())
+    assert prov["from_version"] == "v1" and prov["records"]["traffic_answered"] >= 4, prov
+    assert "continuing with the run's recorded" in logs(), logs()
+    r = redis_client(env_file, ctx["ports"]["REDIS_PORT"])
+    routes = json.loads(r.get(f"draftsmith:serving:{RUN}:routes"))
+    if decision["decision"] == "promote":  # the refresh container's engine serves everyone now
+        assert (routes["stable_drafter"], routes["stable"]) == ("v2", decision["candidate_url"]), routes
+    else:
+        assert (routes["stable_drafter"], routes["stable"]) == ("v1", "http://target:8000"), routes
+    after = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300, json={
+        "model": "target", "messages": [{"role": "user", "content": questions[0]}], "max_tokens": 16})
+    assert after.status_code == 200, after.text[-2000:]
+    check_serving_queries(f"http://127.0.0.1:{ctx['ports']['PROMETHEUS_PORT']}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import redis
 import typer
@@ -31,6 +32,9 @@ def canary_cmd(
     confidence: float | None = setting_option("canary.confidence", "--confidence"),
     k: int | None = setting_option("eval.k", "--k"),
     list_versions: bool = typer.Option(False, "--list", help="List the run's versions and the serving one; exit."),
+    adopt: bool = typer.Option(False, "--adopt", help="No trial: record the drafter that the engine at --stable-url "
+                               "already serves (DRAFTER, default the run's export/eagle3) as the run's first version "
+                               "and write the routes, where canaries and refreshes then start from; exit."),
 ) -> None:
     """Serve the candidate on a second vLLM engine, replay the same requests to both, compare acceptance from each
     engine's counters (paired bootstrap interval), then promote (routes' stable -> candidate; this command keeps
@@ -45,10 +49,21 @@ def canary_cmd(
         for v in versions(paths.root):
             typer.echo(f"{v.name}{' (serving)' if v.name == serving else ''}  {v.provenance.get('export')}")
         return
+    client = redis.Redis.from_url(s.redis.url)
+    if adopt:
+        from draftsmith.serving.canary import adopt as adopt_version
+
+        if not stable_url:
+            raise typer.BadParameter("--adopt needs --stable-url: the engine that serves the drafter now")
+        v, adopted = adopt_version(s, Path(drafter) if drafter else layout_dir(paths.export, EAGLE3), stable_url,
+                                   client)
+        typer.echo(f"{v.name} serves run {s.run}" + (f" at {stable_url} (routes written)" if adopted else
+                                                        " already (nothing adopted)") +
+                   f"; try new drafters with `draftsmith canary EXPORT_DIR --run {s.run}` or `draftsmith refresh`")
+        return
     from draftsmith.metrics import serve_metrics
 
     serve_metrics(s.metrics.port, s.metrics.addr)  # the decision counters, while the trial runs and the hold lasts
-    client = redis.Redis.from_url(s.redis.url)
     if stable_url and read_routes(client, s.redis.prefix, s.run) is None:
         write_routes(client, s.redis.prefix, s.run, Routes(stable=stable_url.rstrip("/"), stable_drafter=stable_version))
         if stable_version:

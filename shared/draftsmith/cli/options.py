@@ -61,3 +61,20 @@ def setting_option(path: str, *flags: str, extra: str = "", **kwargs: Any) -> An
         kwargs: passed to ``typer.Option`` (``min=1``, ...).
     """
     return typer.Option(None, *flags, help=setting_help(path, extra), **kwargs)
+
+
+def engine_args_help() -> str:
+    """Help of the trailing ``-- ARGS`` of a command that starts vLLM engines (canary, refresh)."""
+    return ("vLLM arguments after `--` for the engines this command starts, appended to target.extra_args (compose "
+            "passes the engine lines of .env this way, as to the target).")
+
+
+def with_engine_args(s: Settings, eager: bool | None, engine_args: list[str] | None) -> Settings:
+    """``s`` with ``--eager/--compiled`` (when given) and the trailing engine arguments appended to
+    ``target.extra_args``: the flags an engine this command starts needs to serve the target as the stable one does."""
+    update: dict[str, Any] = {}
+    if eager is not None:
+        update["enforce_eager"] = eager
+    if engine_args:
+        update["extra_args"] = [*s.target.extra_args, *engine_args]
+    return s.model_copy(update={"target": s.target.model_copy(update=update)}) if update else s

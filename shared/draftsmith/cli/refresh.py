@@ -8,7 +8,17 @@ import time
 import typer
 
 from draftsmith.cli import app, settings
-from draftsmith.cli.options import setting_option
+from draftsmith.cli.options import engine_args_help, setting_help, setting_option, with_engine_args
+from draftsmith.cli.run_record import check_stage
+
+
+def _run_settings(s):
+    """``s`` with the run's recorded data, extraction and training settings taken where ``s`` leaves them unset;
+    a run setting given otherwise than the run recorded refuses the cycle (cli/run_record.py)."""
+    s, taken = check_stage(s, "refresh")
+    if taken:
+        typer.echo(f"refresh: continuing with the run's recorded {', '.join(taken)}")
+    return s
 
 
 @app.command("refresh")
@@ -21,6 +31,8 @@ def refresh_cmd(
     acceptance_floor: float | None = setting_option("refresh.acceptance_floor", "--acceptance-floor"),
     poll_s: float | None = setting_option("refresh.poll_s", "--poll-s"),
     max_steps: int | None = setting_option("refresh.max_steps", "--max-steps"),
+    eager: bool = typer.Option(None, "--eager/--compiled", help=setting_help("target.enforce_eager")),
+    engine_args: list[str] = typer.Argument(None, help=engine_args_help()),
 ) -> None:
     """Check the run every refresh.poll_s: when enough traffic was captured (or live acceptance fell below the
     floor), build data over all records, extract, train from the serving version, export, and try it on the canary.
@@ -30,8 +42,9 @@ def refresh_cmd(
 
     s = settings(run=run, refresh={"min_new_records": min_new_records, "acceptance_floor": acceptance_floor,
                                    "poll_s": poll_s, "max_steps": max_steps})
+    s = with_engine_args(s, eager, engine_args)
     serve_metrics(s.metrics.port, s.metrics.addr)  # the canary's decision counters
-    loop = Loop(s)
+    loop = Loop(s, run_settings=_run_settings)
     typer.echo(f"refresh for run {s.run}: every {s.refresh.poll_s:.0f} s, at {s.refresh.min_new_records} new "
                f"traffic records or live acceptance below {s.refresh.acceptance_floor}" + (" (once)" if once else ""))
     try:

@@ -47,6 +47,7 @@ from draftsmith.serving.versions import (
     add_version,
     append_decision,
     get_version,
+    read_serving,
     version_number,
     write_serving,
 )
@@ -120,10 +121,13 @@ def replay(current: VLLMClient, candidate: VLLMClient, prompts: list[list[dict[s
 
 def engine_spec(s: Settings, target: Path, drafter: Path) -> VLLMServerSpec:
     """The vLLM CPU server of a drafter version: the target's settings, the drafter's family's speculative config
-    with ``eval.k`` tokens per step."""
+    with ``eval.k`` tokens per step, listening on ``canary.engine_host`` and named in the routes by
+    ``canary.engine_url_host`` (a container's service name: the gateway reaches it from another container)."""
     info = check_drafter_fits(target, drafter)
     spec_cfg = get_family(info.family).speculative_config(drafter, s.eval.k)
-    return VLLMServerSpec(model=target, served_name=target.name, port=free_port(), dtype=s.target.dtype,
+    # the stable engine's model name (target.model): after a promotion clients keep sending the name they used
+    return VLLMServerSpec(model=target, served_name=s.target.model or target.name, host=s.canary.engine_host,
+                          url_host=s.canary.engine_url_host, port=free_port(), dtype=s.target.dtype,
                           max_model_len=s.target.max_model_len, kv_cache_gib=s.target.kv_cache_gib,
                           enforce_eager=s.target.enforce_eager, speculative=spec_cfg, max_num_seqs=1,
                           extra_args=list(s.target.extra_args), trust_remote_code=s.target.trust_remote_code)
@@ -159,6 +163,36 @@ def _publish(s: Settings, record: dict[str, Any], serving: str | None) -> None:
     CANARY_ACCEPT_LEN.labels(s.run, record["candidate"]).set(record["interval_candidate_mean"])
     if serving:
         SERVING_DRAFTER_VERSION.labels(s.run).set(version_number(serving))
+
+
+def adopt(s: Settings, drafter: Path, url: str, client: redis.Redis | None = None) -> tuple[Version, bool]:
+    """Record the drafter an engine already serves as the run's first version: the export folder ``drafter`` (the
+    one the engine at ``url`` loaded) becomes the next version, the routes' stable side is ``url`` and
+    ``serving.json`` names the version. No trial: this is where a run's canaries and refreshes start from. A run
+    that a version already serves is left as it is (``make serve`` run again).
+
+    Returns:
+        (the serving version, True when this call adopted it; False: the run was already served, nothing written).
+
+    Raises:
+        ModelError: the export does not fit the target (the evaluator's checks), before anything is written.
+    """
+    client = client or redis.Redis.from_url(s.redis.url)
+    paths = RunPaths(s.runs_dir, s.run)
+    routes, serving = read_routes(client, s.redis.prefix, s.run), read_serving(paths.root)
+    if routes is not None and serving is not None:
+        log.info("canary %s: already served by %s at %s; nothing adopted (try a new drafter with `draftsmith "
+                 "canary EXPORT_DIR`)", s.run, routes.stable_drafter, routes.stable)
+        return get_version(paths.root, serving["version"]), False
+    check_drafter_fits(target_checkpoint(s), drafter)
+    version = add_version(paths, drafter, {"made_by": "draftsmith canary --adopt", "served_at": url})
+    write_routes(client, s.redis.prefix, s.run, Routes(stable=url.rstrip("/"), stable_drafter=version.name))
+    write_serving(paths.root, version.name, url)
+    from draftsmith.metrics import SERVING_DRAFTER_VERSION
+
+    SERVING_DRAFTER_VERSION.labels(s.run).set(version_number(version.name))
+    log.info("canary %s: %s (from %s) serves at %s", s.run, version.name, drafter, url)
+    return version, True
 
 
 def run_canary(s: Settings, drafter: str | Path, client: redis.Redis | None = None) -> Outcome:
@@ -201,7 +235,7 @@ def run_canary(s: Settings, drafter: str | Path, client: redis.Redis | None = No
             write_routes(client, s.redis.prefix, s.run, routes.model_copy(update={
                 "canary": engine.url, "canary_drafter": version.name, "canary_share": s.canary.share}))
             current = VLLMClient(routes.stable, resolve_model(routes.stable, s.target.model), s.eval.request_timeout_s)
-            cand = VLLMClient(engine.url, resolve_model(engine.url, target.name), s.eval.request_timeout_s)
+            cand = VLLMClient(engine.url, resolve_model(engine.url, spec.served_name), s.eval.request_timeout_s)
             replayed = replay(current, cand, prompts, s.canary.max_tokens, s.eval.temperature)
             interval = paired_ratio_interval(replayed.current, replayed.candidate, s.canary.confidence,
                                              s.canary.resamples)

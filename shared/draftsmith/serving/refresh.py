@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,26 @@ class LiveAcceptance:
         before = self._last.get(url, SpecCounters(has_spec=now.has_spec))
         self._last[url] = now
         return live_acceptance(now - before, s.refresh.min_drafts)
+
+
+STAGES = ("idle", "build", "extract", "train", "canary")  # the values of draftsmith_refresh_stage's stage label
+
+
+@contextmanager
+def stage(run: str, name: str):
+    """Mark ``name`` as the run's refresh stage on ``/metrics`` while the block runs, record its seconds, and mark
+    the loop idle after it (whether the block ended or raised)."""
+    from draftsmith.metrics import REFRESH_STAGE, REFRESH_STAGE_SECONDS
+
+    for st in STAGES:
+        REFRESH_STAGE.labels(run, st).set(1 if st == name else 0)
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        REFRESH_STAGE_SECONDS.labels(run, name).set(time.monotonic() - t0)
+        for st in STAGES:
+            REFRESH_STAGE.labels(run, st).set(1 if st == "idle" else 0)
 
 
 def work_settings(s: Settings, work_root: Path, init_from: Path) -> Settings:
@@ -219,16 +241,28 @@ def refresh_cycle(s: Settings, client: redis.Redis | None = None, live: LiveAcce
         cutoff, records_digest = time.time(), _digest(paths.records_manifest)  # what build-data reads next
         work_root = paths.root / WORK_DIR / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(cutoff))}-from-{serving.name}"
         w = work_settings(s, work_root, serving.path)
-        stats = build_stage(s, w, paths.records)
-        extract_stage(w)
-        export = train_export_stage(w)
-        version = new_version(s, paths, export, {
-            "made_by": "draftsmith refresh", "from_version": serving.name, "trigger": trigger.reason,
-            "records_cutoff": cutoff, "records_manifest_sha256": records_digest,
-            "records": {"traffic_answered": trigger.traffic.answered, "traffic_unanswered": trigger.traffic.unanswered,
-                        "samples": stats.get("samples"), "dropped_by_reason": stats.get("dropped_by_reason")},
-            "work_dir": str(work_root)})
-        outcome = run_canary(s, version, client)
+        from draftsmith.metrics import REFRESH_CYCLES
+
+        try:
+            with stage(s.run, "build"):
+                stats = build_stage(s, w, paths.records)
+            with stage(s.run, "extract"):
+                extract_stage(w)
+            with stage(s.run, "train"):
+                export = train_export_stage(w)
+            version = new_version(s, paths, export, {
+                "made_by": "draftsmith refresh", "from_version": serving.name, "trigger": trigger.reason,
+                "records_cutoff": cutoff, "records_manifest_sha256": records_digest,
+                "records": {"traffic_answered": trigger.traffic.answered,
+                            "traffic_unanswered": trigger.traffic.unanswered, "samples": stats.get("samples"),
+                            "dropped_by_reason": stats.get("dropped_by_reason")},
+                "work_dir": str(work_root)})
+            with stage(s.run, "canary"):
+                outcome = run_canary(s, version, client)
+        except Exception:
+            REFRESH_CYCLES.labels(s.run, "failed").inc()
+            raise
+        REFRESH_CYCLES.labels(s.run, "promoted" if outcome.engine is not None else "rolled_back").inc()
         return CycleResult(trigger, version, outcome, work_root)
 
 
@@ -246,10 +280,14 @@ def new_version(s: Settings, paths: RunPaths, export: Path, extra: dict[str, Any
 class Loop:
     """The watch mode: a cycle every ``refresh.poll_s``; the engine a promotion hands over is kept serving, and the
     one it replaced (when this loop started it) is stopped ``refresh.drain_s`` later, once the gateway has moved
-    and the requests on it have ended. Every engine it holds is stopped when the loop ends."""
+    and the requests on it have ended. Every engine it holds is stopped when the loop ends. ``run_settings`` (the
+    CLI's: the run's recorded data, extraction and training settings, ``runs/<run>/run-settings.json``) is applied
+    before each cycle, so that a loop started in another container refreshes with the run's recipe."""
 
-    def __init__(self, s: Settings, client: redis.Redis | None = None) -> None:
+    def __init__(self, s: Settings, client: redis.Redis | None = None,
+                 run_settings: Callable[[Settings], Settings] | None = None) -> None:
         self.s = s
+        self.run_settings = run_settings  # the run's recorded settings taken into ``s`` before each cycle
         self.client = client or redis.Redis.from_url(s.redis.url)
         self.live = LiveAcceptance()
         self.engine = None  # the promoted engine this loop keeps serving
@@ -257,7 +295,8 @@ class Loop:
 
     def cycle(self, force: bool = False) -> CycleResult:
         """One cycle (:func:`refresh_cycle`); a promotion's engine is kept, the one it replaced retired."""
-        result = refresh_cycle(self.s, self.client, self.live, force)
+        s = self.run_settings(self.s) if self.run_settings else self.s
+        result = refresh_cycle(s, self.client, self.live, force)
         if result.outcome is not None and result.outcome.engine is not None:
             if self.engine is not None:
                 self._retiring.append((time.monotonic() + self.s.refresh.drain_s, self.engine))

@@ -100,10 +100,11 @@ class VLLMServerSpec:
     max_num_seqs: int | None = None
     extra_args: list[str] = field(default_factory=list)
     trust_remote_code: bool = False
+    url_host: str | None = None  # the name others reach it by when ``host`` is a bind-all address (0.0.0.0)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{self.url_host or self.host}:{self.port}"
 
     def command(self) -> list[str]:
         """The server command line (``python -m vllm.entrypoints.openai.api_server``: the console script of the
