@@ -466,8 +466,13 @@ def the_refresh_loop_serves_the_run(ctx) -> None:
         sent += 1
     decisions = runs / RUN / "drafters" / "decisions.jsonl"
     logs = lambda: sh(f"{ctx['compose']} --profile serving logs --no-color --tail=80 refresh", env, check=False)  # noqa: E731
-    wait_for(lambda: decisions.is_file() and decisions.read_text().strip(), 1200, 5,
-             "the refresh loop's canary decision")
+    def decided_or_failed() -> bool:
+        if decisions.is_file() and decisions.read_text().strip():
+            return True
+        return any(s in logs() for s in ("refresh cycle failed", "nothing to refresh yet"))
+
+    wait_for(decided_or_failed, 1200, 10, "the refresh loop's canary decision")
+    assert decisions.is_file() and decisions.read_text().strip(), logs()
     decision = json.loads(decisions.read_text().splitlines()[-1])
     print(f"refresh after {sent} requests: {decision['decision']} {decision['candidate']} vs {decision['current']}, "
           f"ratio {decision['interval_ratio']:.3f} [{decision['interval_low']:.3f}, {decision['interval_high']:.3f}] "
