@@ -465,7 +465,8 @@ def the_refresh_loop_serves_the_run(ctx) -> None:
         assert r.status_code == 200, r.text[-2000:]
         sent += 1
     decisions = runs / RUN / "drafters" / "decisions.jsonl"
-    logs = lambda: sh(f"{ctx['compose']} --profile serving logs --no-color --tail=80 refresh", env, check=False)  # noqa: E731
+    def logs() -> str:
+        return sh(f"{ctx['compose']} --profile serving logs --no-color refresh", env, check=False)
     def decided_or_failed() -> bool:
         if decisions.is_file() and decisions.read_text().strip():
             return True

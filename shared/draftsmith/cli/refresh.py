@@ -12,13 +12,20 @@ from draftsmith.cli.options import engine_args_help, setting_help, setting_optio
 from draftsmith.cli.run_record import check_stage
 
 
-def _run_settings(s):
-    """``s`` with the run's recorded data, extraction and training settings taken where ``s`` leaves them unset;
-    a run setting given otherwise than the run recorded refuses the cycle (cli/run_record.py)."""
-    s, taken = check_stage(s, "refresh")
-    if taken:
-        typer.echo(f"refresh: continuing with the run's recorded {', '.join(taken)}")
-    return s
+class _RunRecipe:
+    """The loop's ``run_settings``: ``s`` with the run's recorded data, extraction and training settings taken where
+    ``s`` leaves them unset (a run setting given otherwise than the run recorded refuses the cycle,
+    cli/run_record.py); says which it took whenever that changes."""
+
+    def __init__(self) -> None:
+        self.said: list[str] | None = None
+
+    def __call__(self, s):
+        s, taken = check_stage(s, "refresh")
+        if taken and taken != self.said:
+            typer.echo(f"refresh: continuing with the run's recorded {', '.join(taken)}")
+        self.said = taken
+        return s
 
 
 @app.command("refresh")
@@ -44,7 +51,7 @@ def refresh_cmd(
                                    "poll_s": poll_s, "max_steps": max_steps})
     s = with_engine_args(s, eager, engine_args)
     serve_metrics(s.metrics.port, s.metrics.addr)  # the canary's decision counters
-    loop = Loop(s, run_settings=_run_settings)
+    loop = Loop(s, run_settings=_RunRecipe())
     typer.echo(f"refresh for run {s.run}: every {s.refresh.poll_s:.0f} s, at {s.refresh.min_new_records} new "
                f"traffic records or live acceptance below {s.refresh.acceptance_floor}" + (" (once)" if once else ""))
     try:
