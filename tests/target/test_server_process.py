@@ -31,7 +31,9 @@ def test_the_engine_process_runs_the_model_without_tensor_parallelism(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_real_server_has_no_worker_process(embedded_target, tmp_path):
+def test_a_real_server_has_no_worker_process_and_leaves_no_file_behind(embedded_target, tmp_path):
+    """One busy engine process; vLLM's ZMQ socket files live in the server's own TMPDIR, gone after the stop
+    (before, every server start left three socket files in /tmp)."""
     spec = VLLMServerSpec(model=embedded_target, served_name="m", port=free_port(), max_model_len=1024,
                           kv_cache_gib=1, enforce_eager=True)
     with VLLMServer(spec, tmp_path / "server.log").start(timeout_s=600) as server:
@@ -40,3 +42,7 @@ def test_a_real_server_has_no_worker_process(embedded_target, tmp_path):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
         names = [p.name() for p in psutil.Process(server.proc.pid).children(recursive=True)]
         assert "VLLM::EngineCore" in names and not any("Worker" in n for n in names), names
+        engine_tmp = server.tmp_dir
+        sockets = [p for p in engine_tmp.iterdir() if p.is_socket()]
+        assert sockets, list(engine_tmp.iterdir())  # the engine's ZMQ sockets went to its own folder
+    assert not engine_tmp.exists() and server.tmp_dir is None

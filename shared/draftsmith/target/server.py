@@ -10,12 +10,15 @@ answering server, not two: :meth:`VLLMServerSpec.single_process`).
 from __future__ import annotations
 
 import atexit
+import getpass
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +186,23 @@ def stop_all_servers() -> None:
 atexit.register(stop_all_servers)
 
 
+def engine_tmp_env(env: dict[str, str], tmp_dir: Path) -> dict[str, str]:
+    """``env`` with ``TMPDIR`` set to ``tmp_dir``, a folder of one server's own: vLLM puts the ZMQ sockets between
+    its API server and engine core there (``ipc://<tempdir>/<uuid>``, three per server), and a killed engine leaves
+    them behind; the folder is removed once the server is stopped. torch's inductor cache, which would follow
+    ``TMPDIR``, stays where it is without one (``<tempdir>/torchinductor_<user>``) so that compiled servers keep it.
+    """
+    out = {**env, "TMPDIR": str(tmp_dir)}
+    if "TORCHINDUCTOR_CACHE_DIR" not in out:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # a container's user without a name: torch names the folder by uid too
+            user = f"uid_{os.getuid()}"
+        user = "".join("_" if c in '\\/:*?"<>|' else c for c in user)
+        out["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+    return out
+
+
 class VLLMServer:
     """A vLLM CPU server in a child process group; a context manager that stops it on exit.
 
@@ -203,6 +223,7 @@ class VLLMServer:
         self.spec = spec
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
+        self.tmp_dir: Path | None = None  # the engine's TMPDIR while it runs (engine_tmp_env)
 
     @property
     def url(self) -> str:
@@ -215,8 +236,9 @@ class VLLMServer:
         cmd = self.spec.command()
         log.info("starting vLLM: %s", " ".join(cmd[1:]))
         logf = open(self.log_path, "ab")
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="draftsmith-engine-"))
         self.proc = subprocess.Popen(
-            cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.spec.env(),
+            cmd, stdout=logf, stderr=subprocess.STDOUT, env=engine_tmp_env(self.spec.env(), self.tmp_dir),
             start_new_session=True,
         )
         logf.close()
@@ -266,7 +288,16 @@ class VLLMServer:
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGINT the process group, then SIGTERM, then SIGKILL, until the server and every process of its group
         (vLLM's engine core) are gone; an interruption while waiting (a second Ctrl-C) kills the group at once,
-        then propagates."""
+        then propagates. Then its temporary folder goes (the engine's ZMQ socket files: a killed engine core never
+        unlinks them)."""
+        try:
+            self._stop_group(grace_s)
+        finally:
+            if self.tmp_dir is not None and (self.proc is None or not group_alive(self.proc.pid)):
+                shutil.rmtree(self.tmp_dir, ignore_errors=True)
+                self.tmp_dir = None
+
+    def _stop_group(self, grace_s: float) -> None:
         _LIVE.discard(self)
         if self.proc is None or (self.proc.poll() is not None and not group_alive(self.proc.pid)):
             return
