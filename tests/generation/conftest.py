@@ -49,15 +49,18 @@ class FaultProxy:
                 if fault == "400ctx":
                     self._send(400, (FIX / "vllm_400_prompt_too_long.json").read_bytes())
                     return
+                # only the generation requests count: the cap governs them, and a job's GET of /v1/models
+                # (which engine serves the model, generation/jobs.py) may overlap three of them
+                counted = method == "POST"
                 with proxy.lock:
-                    proxy.inflight += 1
+                    proxy.inflight += counted
                     proxy.max_concurrent = max(proxy.max_concurrent, proxy.inflight)
                 try:
                     r = httpx.request(method, proxy.upstream + self.path, content=body,
                                       headers={"Content-Type": "application/json"}, timeout=600)
                 finally:
                     with proxy.lock:
-                        proxy.inflight -= 1
+                        proxy.inflight -= counted
                 self._send(r.status_code, r.content)
 
             def _send(self, code: int, data: bytes) -> None:

@@ -10,7 +10,6 @@ answering server, not two: :meth:`VLLMServerSpec.single_process`).
 from __future__ import annotations
 
 import atexit
-import getpass
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from draftsmith.errors import EngineError, ModelNotServed, TargetAuthError, Targ
 from draftsmith.log import get_logger
 from draftsmith.signals import raise_on_sigterm
 from draftsmith.target.checkpoint import read_target_config, target_config_path
+from draftsmith.target.engine_process import engine_tmp_env, group_alive
 
 log = get_logger(__name__)
 
@@ -186,23 +186,6 @@ def stop_all_servers() -> None:
 atexit.register(stop_all_servers)
 
 
-def engine_tmp_env(env: dict[str, str], tmp_dir: Path) -> dict[str, str]:
-    """``env`` with ``TMPDIR`` set to ``tmp_dir``, a folder of one server's own: vLLM puts the ZMQ sockets between
-    its API server and engine core there (``ipc://<tempdir>/<uuid>``, three per server), and a killed engine leaves
-    them behind; the folder is removed once the server is stopped. torch's inductor cache, which would follow
-    ``TMPDIR``, stays where it is without one (``<tempdir>/torchinductor_<user>``) so that compiled servers keep it.
-    """
-    out = {**env, "TMPDIR": str(tmp_dir)}
-    if "TORCHINDUCTOR_CACHE_DIR" not in out:
-        try:
-            user = getpass.getuser()
-        except (KeyError, OSError):  # a container's user without a name: torch names the folder by uid too
-            user = f"uid_{os.getuid()}"
-        user = "".join("_" if c in '\\/:*?"<>|' else c for c in user)
-        out["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
-    return out
-
-
 class VLLMServer:
     """A vLLM CPU server in a child process group; a context manager that stops it on exit.
 
@@ -339,18 +322,6 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies, already dead, do not count); read from ``/proc``."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ...
-            return True
-    return False
 
 
 def auth_headers(api_key) -> dict[str, str]:
