@@ -64,7 +64,7 @@ def setting_option(path: str, *flags: str, extra: str = "", **kwargs: Any) -> An
 
 
 def engine_args_help() -> str:
-    """Help of the trailing ``-- ARGS`` of a command that starts vLLM engines (canary, refresh)."""
+    """Help of the trailing ``-- ARGS`` of a command that starts vLLM engines (``draftsmith refresh``)."""
     return ("vLLM arguments after `--` for the engines this command starts, appended to target.extra_args (compose "
             "passes the engine lines of .env this way, as to the target).")
 
