@@ -189,12 +189,12 @@ def train_peer(data: Path, target: Path, work: Path, config: dict, seed: int, a)
 
 def conditions(a, data_hash: str, sets) -> dict:
     """What a peer side's counts depend on besides its own config: the data (SHA-256), epochs, draft vocabulary, K,
-    TTT depth, seeds, prompts and tokens, vLLM's mode, and each set's file (SHA-256)."""
+    TTT depth, seeds, prompts and tokens, vLLM's mode and concurrency, and each set's file (SHA-256)."""
     import hashlib
 
     return {"data_sha256": data_hash, "epochs": a.epochs, "draft_vocab_size": a.vocab, "k": a.k,
             "ttt_steps": a.ttt_steps, "seeds": list(range(a.seeds)), "prompts": a.prompts, "limit": a.limit,
-            "max_tokens": a.max_tokens, "eager": a.eager,
+            "max_tokens": a.max_tokens, "eager": a.eager, "concurrency": a.concurrency,
             "sets": {es.name: hashlib.sha256(es.path.read_bytes()).hexdigest() for es in sets}}
 
 
@@ -257,14 +257,16 @@ def _only(counts: dict[int, list[PromptCounts]], set_name: str | None) -> dict[i
 
 def report(ours: Side, peer: Side) -> None:
     """The per-side lines, then RATIO and INTERVAL (draftsmith over speculators) overall and per set."""
-    names = list(dict.fromkeys(p.set for r in ours.runs for p in r.prompts))
-    for sd in (ours, peer):
+    names = list(dict.fromkeys(p.set for sd in (ours, peer) for r in sd.runs for p in r.prompts))
+    for sd in (s for s in (ours, peer) if s.runs):
         pooled = [p for r in sd.runs for p in r.prompts]
         per_set = " ".join(f"{n} {acceptance_length([p for p in pooled if p.set == n]):.3f}" for n in names)
         seeds = " ".join(f"{r.seed}: {acceptance_length(r.prompts):.3f}" for r in sd.runs)
         train_s = sum(r.train_s for r in sd.runs) / len(sd.runs)
         print(f"{sd.name}: acceptance length {acceptance_length(pooled):.3f} ({per_set}); seeds {seeds}; "
               f"training {train_s:.0f} s per seed; drafters {', '.join(str(r.drafter) for r in sd.runs)}")
+    if not (ours.runs and peer.runs):
+        return  # one side only (--only): its trial's figures, no ratio
     for suffix, keep in [("", None)] + [(f"_{n}", n) for n in names]:
         ratio, low, high = seeded_ratio(_only(ours.counts(), keep), _only(peer.counts(), keep))
         print(f"RATIO peer_acceptance{suffix} {ratio:.3f}")
@@ -289,6 +291,14 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--ttt-steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-3, help="draftsmith's peak AdamW lr (its Muon lr is the recipe's)")
     ap.add_argument("--eager", action="store_true", help="vLLM without compilation (starts faster)")
+    ap.add_argument("--concurrency", type=int, default=16,
+                    help="prompts answered at once, each counted by vLLM's per-request metrics (default 16; 1: one "
+                         "at a time, checked against the server's counters)")
+    ap.add_argument("--only", choices=["draftsmith", "speculators"],
+                    help="train and measure one side only (a side's tuning trials); no RATIO")
+    ap.add_argument("--peer-data", type=Path, metavar="DIR",
+                    help="keep the peer's hidden states here and reuse them when made from the same data and loss "
+                         "rows (they take as long as one training)")
     ap.add_argument("--peer-lr", type=float, help="the peer's --lr (default its own, 1e-3)")
     ap.add_argument("--peer-pack", type=int, default=1024,
                     help="the peer's tokens per packed batch (its --total-seq-len; its own default is 8192)")
@@ -352,10 +362,11 @@ def main() -> None:
         config = peer_config(a, *_shape(run))
         reused = _reused_peer(a, cond, config, work) if a.peer_from else None  # refused before anything trains
         ours = Side("draftsmith", ours_config(a))
-        for seed in cond["seeds"]:
+        for seed in cond["seeds"] if a.only != "speculators" else []:
             ours.runs.append(train_ours(run, work, env, ours.config, seed, logs))
             ours.runs[-1].prompts = _measure(ours.runs[-1].drafter, target, sets, a, logs / f"vllm-ours-{seed}.log")
-        peer = reused or _peer_side(a, run, target, work, sets, cond, config, logs)
+        peer = Side("speculators", config) if a.only == "draftsmith" else \
+            reused or _peer_side(a, run, target, work, sets, cond, config, logs)
         save_record(work / "peer.json", cond, ours, peer)
         report(ours, peer)
     finally:
@@ -366,7 +377,8 @@ def main() -> None:
 def _measure(drafter: Path, target: Path, sets, a, log: Path) -> list[PromptCounts]:
     """One EAGLE-3 drafter (either side's: vLLM reads both layouts) on ``sets`` (already cut to their prompts)."""
     return measure_in_vllm({"method": "eagle3", "model": str(drafter), "num_speculative_tokens": a.k}, target, sets,
-                           (0, max(len(es.prompts) for es in sets)), a.max_tokens, a.eager, log)
+                           (0, max(len(es.prompts) for es in sets)), a.max_tokens, a.eager, log,
+                           concurrency=a.concurrency)
 
 
 def _reused_peer(a, cond: dict, config: dict, work: Path) -> Side:
@@ -388,12 +400,20 @@ def _peer_side(a, run: Path, target: Path, work: Path, sets, cond: dict, config:
     import peer_speculators as ps
 
     t0 = time.perf_counter()
-    made = ps.write_peer_data(run, target, work / "peer-data", all_rows=a.peer_all_rows)
+    data = a.peer_data or work / "peer-data"
+    key = {"data_sha256": cond["data_sha256"], "loss_rows": config["loss_rows"]}
+    if (data / "draftsmith-key.json").is_file() and json.loads((data / "draftsmith-key.json").read_text()) == key:
+        made = json.loads((data / "peer.json").read_text())
+        print(f"peer data: reused {data}", flush=True)
+    else:
+        (data / "draftsmith-key.json").unlink(missing_ok=True)  # a half-rewritten folder is never reused
+        made = ps.write_peer_data(run, target, data, all_rows=a.peer_all_rows)
+        (data / "draftsmith-key.json").write_text(json.dumps(key))
     print(f"peer data: {made['samples']} samples, {made['tokens']} tokens, loss rows {config['loss_rows']} "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
     peer = Side("speculators", config)
     for seed in cond["seeds"]:
-        peer.runs.append(train_peer(work / "peer-data", target, work, config, seed, a))
+        peer.runs.append(train_peer(data, target, work, config, seed, a))
         print(f"peer training log (seed {seed}): {peer.runs[-1].log}", flush=True)
         peer.runs[-1].prompts = _measure(peer.runs[-1].drafter, target, sets, a, logs / f"vllm-peer-{seed}.log")
     return peer

@@ -3,15 +3,20 @@ acceptance length, the selection/report prompt split, the seed-and-prompt bootst
 measured in vLLM CPU under any speculative config.
 
 A library for ``bench/peer.py`` and the other drafter comparisons, not a benchmark of its own: run as a script it
-prints the split and exits.
+prints the split, or measures one drafter at several concurrencies on the same prompts (how far batching moves the
+per-prompt counts).
 
     .venv/bin/python bench/protocol.py      (the prompt ranges of the selection and report splits)
+    .venv/bin/python bench/protocol.py --drafter DIR --concurrency 1 16 --prompts 1-10
+                                            (one drafter measured one prompt at a time and 16 at a time)
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,9 +187,13 @@ def seeded_ratio(ours: dict[int, list[PromptCounts]], base: dict[int, list[Promp
 
 
 def measure_in_vllm(speculative_config: dict, target: Path, sets, prompts: tuple[int, int], max_tokens: int,
-                    eager: bool, log: Path, env: dict[str, str] | None = None) -> list[PromptCounts]:
+                    eager: bool, log: Path, env: dict[str, str] | None = None,
+                    concurrency: int = 1) -> list[PromptCounts]:
     """Serve ``target`` with one drafter in vLLM CPU and answer prompts ``prompts[0]:prompts[1]`` of every set
-    alone (one sequence at a time, temperature 0), reading vLLM's speculative counters around each prompt.
+    (temperature 0, each prompt's turns in order), ``concurrency`` prompts at a time, each prompt's counts taken
+    from vLLM's per-request speculative metrics (``--per-request-spec-decode-metrics summary``: the response's
+    ``metrics.speculative_decoding``, verify steps and accepted draft tokens). Answered one at a time
+    (``concurrency`` 1), the server-wide counters are read around each prompt too and must agree with them.
 
     Args:
         speculative_config: vLLM's ``--speculative-config``, e.g. ``{"method": "eagle3", "model": DIR,
@@ -194,15 +203,21 @@ def measure_in_vllm(speculative_config: dict, target: Path, sets, prompts: tuple
         max_tokens: new tokens per answer (each turn). eager: vLLM without compilation (starts faster).
         log: the server's log file. env: the server's base environment (None: this process's), to which
             :func:`draftsmith.target.server.cpu_env`'s vLLM CPU settings are added where unset.
+        concurrency: prompts in flight at once (the server's ``--max-num-seqs``). Batched, the target's greedy
+            answers may differ from answers alone in a few tokens (batch-dependent float sums): compare drafters
+            measured at the same concurrency only.
 
     Returns:
         One :class:`PromptCounts` per prompt, set by set, in the sets' order.
 
     Raises:
         ValueError: a set has no prompt in ``prompts``.
-        draftsmith.errors.EngineError: the server did not start (the message carries its log tail).
+        draftsmith.errors.EngineError: the server did not start (the message carries its log tail), a request
+            failed, or (one at a time) the per-request metrics disagree with the server's counters.
     """
+    import httpx
     from draftsmith.config import load_settings
+    from draftsmith.errors import EngineError
     from draftsmith.evaluation.runner import VLLMClient
     from draftsmith.target.server import VLLMServer, VLLMServerSpec, cpu_env, free_port
 
@@ -225,25 +240,87 @@ def measure_in_vllm(speculative_config: dict, target: Path, sets, prompts: tuple
 
     s = load_settings()
     spec = _Spec(model=target, served_name=target.name, port=free_port(), dtype=s.target.dtype, max_model_len=2048,
-                 kv_cache_gib=2, enforce_eager=eager, max_num_seqs=1, speculative=dict(speculative_config))
-    out: list[PromptCounts] = []
+                 kv_cache_gib=2, enforce_eager=eager, max_num_seqs=concurrency, speculative=dict(speculative_config),
+                 extra_args=["--per-request-spec-decode-metrics", "summary"])
+    work = [(es.name, p) for es, ps in chosen for p in ps]
     with VLLMServer(spec, log).start(timeout_s=1800) as server:
         client = VLLMClient(server.url, target.name)
-        for es, ps in chosen:
-            for p in ps:
-                before = client.counters()
-                messages: list[dict[str, str]] = []
-                for user in p.turns:
-                    messages.append({"role": "user", "content": user})
-                    t = client.generate(messages, max_tokens, 0.0)
-                    messages.append({"role": "assistant", "content": t.text})
+        http = httpx.Client(timeout=httpx.Timeout(1800.0, connect=10.0))
+
+        def one(item) -> PromptCounts:
+            name, p = item
+            before = client.counters() if concurrency == 1 else None
+            steps = accepted = 0
+            messages: list[dict[str, str]] = []
+            for user in p.turns:
+                messages.append({"role": "user", "content": user})
+                text, spec_metrics = _chat(http, server.url, target.name, messages, max_tokens)
+                steps += spec_metrics["num_spec_steps"]
+                accepted += spec_metrics["num_accepted_draft_tokens"]
+                messages.append({"role": "assistant", "content": text})
+            if before is not None:
                 d = client.counters() - before
-                out.append(PromptCounts(es.name, p.id, d.drafts, d.accepted))
-    return out
+                if (d.drafts, d.accepted) != (steps, accepted):
+                    raise EngineError(f"prompt {name}/{p.id}: vLLM's counters say {d.drafts} verify steps and "
+                                      f"{d.accepted} accepted, its per-request metrics {steps} and {accepted}")
+            return PromptCounts(name, p.id, steps, accepted)
+
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return list(pool.map(one, work))
+
+
+def _chat(http, url: str, model: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, dict]:
+    """One greedy chat completion: its text and its ``metrics.speculative_decoding`` (vLLM's per-request
+    speculative metrics). Raises EngineError on an HTTP error or a response without those metrics."""
+    from draftsmith.errors import EngineError
+
+    r = http.post(f"{url}/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": max_tokens,
+                                                      "temperature": 0.0, "seed": 0})
+    if r.status_code >= 400:
+        raise EngineError(f"the engine at {url} answered HTTP {r.status_code}: {r.text[:300]}")
+    out = r.json()
+    spec = (out.get("metrics") or {}).get("speculative_decoding")
+    if spec is None:
+        raise EngineError(f"the engine at {url} returned no metrics.speculative_decoding: was it started with "
+                          "--per-request-spec-decode-metrics and a drafter?")
+    return out["choices"][0]["message"].get("content") or "", spec
+
+def concurrency_check(drafter: Path, prompts: str, levels: list[int], max_tokens: int, k: int, logs: Path) -> None:
+    """One EAGLE-3 drafter measured at each concurrency of ``levels`` on the same prompts of the bundled sets: prints
+    ``ACCEPT c=<C> <length>`` (pooled), ``ACCEPT c=<C> <set> <length>``, and per level after the first
+    ``SAME_COUNTS c=<C> <prompts with identical counts>/<prompts>`` against the first level."""
+    from draftsmith.config import load_settings
+    from draftsmith.target.embedded import embedded_dir
+
+    target = embedded_dir(load_settings().target.cache_dir)
+    rng = prompt_range(prompts)
+    sets = eval_sets([], rng)
+    first = None
+    for c in levels:
+        t0 = time.perf_counter()
+        got = measure_in_vllm({"method": "eagle3", "model": str(drafter), "num_speculative_tokens": k}, target, sets,
+                              (0, rng[1] - rng[0]), max_tokens, False, logs / f"vllm-c{c}.log", concurrency=c)
+        print(f"ACCEPT c={c} {acceptance_length(got):.3f} ({time.perf_counter() - t0:.0f} s, {len(got)} prompts)")
+        for name in BUNDLED:
+            print(f"ACCEPT c={c} {name} {acceptance_length([g for g in got if g.set == name]):.3f}")
+        if first is None:
+            first = got
+        else:
+            same = sum((a.drafts, a.accepted) == (b.drafts, b.accepted) for a, b in zip(first, got, strict=True))
+            print(f"SAME_COUNTS c={c} {same}/{len(got)}")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.parse_args()
-    for name, text in SPLITS.items():
-        print(f"{name}: prompts {text} of each set, 0-based {prompt_range(name)}")
+    ap.add_argument("--drafter", type=Path, help="an EAGLE-3 drafter folder: measure it at each --concurrency")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--prompts", default="1-10", help="FIRST-LAST of each bundled set, or a split name")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--logs", type=Path, default=Path("."), help="where the servers' logs go")
+    a = ap.parse_args()
+    if a.drafter:
+        concurrency_check(a.drafter, a.prompts, a.concurrency, a.max_tokens, a.k, a.logs)
+    else:
+        for name, text in SPLITS.items():
+            print(f"{name}: prompts {text} of each set, 0-based {prompt_range(name)}")

@@ -30,7 +30,7 @@ def peer():
 
 def _args(**kw):
     base = {"epochs": 1, "vocab": 8192, "k": 3, "ttt_steps": 3, "seeds": 3, "prompts": "41-80", "limit": None,
-            "max_tokens": 128, "eager": False, "peer_lr": None, "peer_pack": 1024, "peer_all_rows": False,
+            "max_tokens": 128, "eager": False, "concurrency": 16, "peer_lr": None, "peer_pack": 1024, "peer_all_rows": False,
             "peer_arg": []}
     return argparse.Namespace(**{**base, **kw})
 
@@ -63,7 +63,7 @@ def test_the_record_holds_the_conditions_and_both_sides(peer, recorded):
     assert rec["schema"] == "draftsmith.peer-side/2"
     assert rec["conditions"] == {"data_sha256": "ab" * 32, "epochs": 1, "draft_vocab_size": 8192, "k": 3,
                                  "ttt_steps": 3, "seeds": [0, 1, 2], "prompts": "41-80", "limit": None,
-                                 "max_tokens": 128, "eager": False, "sets": cond["sets"]}
+                                 "max_tokens": 128, "eager": False, "concurrency": 16, "sets": cond["sets"]}
     assert list(cond["sets"]) == ["mt_bench", "gsm8k", "humaneval", "alpaca"]
     assert all(len(h) == 64 for h in cond["sets"].values())
     assert rec["speculators"]["config"] == {"lr": None, "total_seq_len": 1024, "loss_rows": "generated",
@@ -99,6 +99,18 @@ def test_peer_from_names_every_differing_setting(peer, recorded):
     with pytest.raises(ValueError, match=r"conditions\.sets\.gsm8k.*speculators\.total_seq_len: recorded 1024, now "
                                          r"8192"):
         peer.peer_from(path, changed, peer.peer_config(_args(peer_pack=8192), 700, 1115))
+
+
+def test_a_one_sided_trial_reports_its_side_and_no_ratio(peer, recorded, tmp_path, capsys):
+    # --only: a tuning trial of one side prints its figures; a ratio against nothing is never printed
+    peer.report(peer.Side("draftsmith", {}), _side(peer, "speculators", {}, tmp_path))
+    out = capsys.readouterr().out
+    assert "speculators: acceptance length 1.385 (gsm8k 1.425 alpaca 1.250); seeds 0: 1.365 1: 1.385 2: 1.404" in out, out
+    assert "RATIO" not in out and "INTERVAL" not in out
+    # concurrency is a condition: a peer side measured one prompt at a time is not reused at 16
+    a, sets, cond, config, path = recorded
+    with pytest.raises(ValueError, match=r"conditions\.concurrency: recorded 16, now 1"):
+        peer.peer_from(path, peer.conditions(_args(concurrency=1), "ab" * 32, sets), config)
 
 
 def test_peer_from_refuses_a_record_without_conditions(peer, tmp_path):
