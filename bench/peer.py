@@ -220,9 +220,9 @@ def _diff(recorded, wanted, prefix: str = "") -> list[str]:
     return out
 
 
-def peer_from(path: Path, cond: dict, config: dict) -> Side:
-    """The peer side a kept run of this bench measured (``--keep DIR`` writes ``DIR/peer.json``), if it was measured
-    under the same conditions and peer config as this run.
+def peer_from(path: Path, cond: dict, config: dict, side: str = "speculators") -> Side:
+    """The peer side (``side="draftsmith"``: draftsmith's side) a kept run of this bench measured (``--keep DIR``
+    writes ``DIR/peer.json``), if it was measured under the same conditions and that side's config as this run.
 
     Raises:
         ValueError: the record is missing, of an older layout, or differs; the message names every differing key
@@ -234,8 +234,8 @@ def peer_from(path: Path, cond: dict, config: dict) -> Side:
     if rec.get("schema") != PEER_SCHEMA:
         raise ValueError(f"{path} was written by an older bench/peer.py without its conditions: measure the peer "
                          "side again (drop --peer-from)")
-    recorded = {"conditions": rec["conditions"], "speculators": rec["speculators"]["config"]}
-    wanted = {"conditions": cond, "speculators": config}
+    recorded = {"conditions": rec["conditions"], side: rec[side]["config"]}
+    wanted = {"conditions": cond, side: config}
     differ = _diff(recorded, wanted)
     if differ:
         def at(d, key):
@@ -243,11 +243,14 @@ def peer_from(path: Path, cond: dict, config: dict) -> Side:
                 d = d.get(part, "<absent>") if isinstance(d, dict) else "<absent>"
             return d
         lines = "; ".join(f"{k}: recorded {at(recorded, k)!r}, now {at(wanted, k)!r}" for k in differ)
-        raise ValueError(f"{path}: the peer side was recorded under other settings ({lines}); rerun with the recorded "
-                         "settings or measure the peer again (drop --peer-from)")
+        flag = "--peer-from" if side == "speculators" else "--ours-from"
+        raise ValueError(f"{path}: the {side} side was recorded under other settings ({lines}); rerun with the "
+                         f"recorded settings or measure it again (drop {flag})")
     runs = [Trained(r["seed"], Path(r["drafter"]), float(r["train_s"]), [PromptCounts(**p) for p in r["prompts"]],
-                    r.get("log"), r.get("resolved")) for r in rec["speculators"]["runs"]]
-    return Side("speculators", rec["speculators"]["config"], runs)
+                    r.get("log"), r.get("resolved")) for r in rec[side]["runs"]]
+    if not runs:
+        raise ValueError(f"{path} holds no {side} side (a --only trial of the other side)")
+    return Side(side, rec[side]["config"], runs)
 
 
 def _only(counts: dict[int, list[PromptCounts]], set_name: str | None) -> dict[int, list[PromptCounts]]:
@@ -307,6 +310,9 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--keep", type=Path, help="keep the work folder here (drafters, logs, peer.json)")
     ap.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE",
                     help="a draftsmith recipe variant: train.KEY=VALUE (repeatable), e.g. norm_output=true")
+    ap.add_argument("--ours-from", type=Path, metavar="DIR",
+                    help="reuse draftsmith's side of an earlier --keep DIR run (refused unless recorded under the "
+                         "same conditions and draftsmith config), e.g. to train the peer once more with other rows")
     ap.add_argument("--peer-from", type=Path, metavar="DIR",
                     help="reuse the peer side of an earlier --keep DIR run (refused unless recorded under the same "
                          "data, epochs, vocabulary, K, seeds, prompts and peer settings)")
@@ -362,7 +368,12 @@ def main() -> None:
         config = peer_config(a, *_shape(run))
         reused = _reused_peer(a, cond, config, work) if a.peer_from else None  # refused before anything trains
         ours = Side("draftsmith", ours_config(a))
-        for seed in cond["seeds"] if a.only != "speculators" else []:
+        if a.ours_from:
+            try:
+                ours = peer_from(a.ours_from / "peer.json", cond, ours.config, side="draftsmith")
+            except ValueError as e:
+                raise SystemExit(f"--ours-from: {e}") from e
+        for seed in cond["seeds"] if a.only != "speculators" and not a.ours_from else []:
             ours.runs.append(train_ours(run, work, env, ours.config, seed, logs))
             ours.runs[-1].prompts = _measure(ours.runs[-1].drafter, target, sets, a, logs / f"vllm-ours-{seed}.log")
         peer = Side("speculators", config) if a.only == "draftsmith" else \

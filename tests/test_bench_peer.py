@@ -113,6 +113,21 @@ def test_a_one_sided_trial_reports_its_side_and_no_ratio(peer, recorded, tmp_pat
         peer.peer_from(path, peer.conditions(_args(concurrency=1), "ab" * 32, sets), config)
 
 
+def test_ours_from_reuses_draftsmiths_side_only_under_its_config(peer, recorded, tmp_path):
+    # the peer trained again with other loss rows, against the same draftsmith seeds
+    a, sets, cond, config, path = recorded
+    back = peer.peer_from(path, cond, {"lr": 1e-3}, side="draftsmith")
+    assert back == _side(peer, "draftsmith", {"lr": 1e-3}, path.parent)
+    with pytest.raises(ValueError, match=r"draftsmith\.muon_lr: recorded '<absent>', now 0\.005.*--ours-from"):
+        peer.peer_from(path, cond, {"lr": 1e-3, "muon_lr": 5e-3}, side="draftsmith")
+    one_sided = tmp_path / "trial" / "peer.json"
+    one_sided.parent.mkdir()
+    peer.save_record(one_sided, cond, peer.Side("draftsmith", {"lr": 1e-3}), _side(peer, "speculators", config,
+                                                                                 tmp_path))
+    with pytest.raises(ValueError, match="holds no draftsmith side"):
+        peer.peer_from(one_sided, cond, {"lr": 1e-3}, side="draftsmith")
+
+
 def test_peer_from_refuses_a_record_without_conditions(peer, tmp_path):
     old = {"drafter": str(tmp_path / "d"), "train_s": 92.0, "prompts": []}  # the layout before the protocol
     (tmp_path / "peer.json").write_text(json.dumps(old))
