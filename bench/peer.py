@@ -302,6 +302,9 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--peer-data", type=Path, metavar="DIR",
                     help="keep the peer's hidden states here and reuse them when made from the same data and loss "
                          "rows (they take as long as one training)")
+    ap.add_argument("--peer-states-from", type=Path, metavar="DIR",
+                    help="a --peer-data folder made from the same data with the other loss rows: its hidden states "
+                         "are linked, only the loss mask is written")
     ap.add_argument("--peer-lr", type=float, help="the peer's --lr (default its own, 1e-3)")
     ap.add_argument("--peer-pack", type=int, default=1024,
                     help="the peer's tokens per packed batch (its --total-seq-len; its own default is 8192)")
@@ -418,7 +421,13 @@ def _peer_side(a, run: Path, target: Path, work: Path, sets, cond: dict, config:
         print(f"peer data: reused {data}", flush=True)
     else:
         (data / "draftsmith-key.json").unlink(missing_ok=True)  # a half-rewritten folder is never reused
-        made = ps.write_peer_data(run, target, data, all_rows=a.peer_all_rows)
+        states = a.peer_states_from
+        if states and json.loads((states / "draftsmith-key.json").read_text())["data_sha256"] == key["data_sha256"]:
+            made = ps.relabel_peer_data(states, run, data, all_rows=a.peer_all_rows)
+        elif states:
+            raise SystemExit(f"--peer-states-from {states}: its hidden states were made from other data than {run}")
+        else:
+            made = ps.write_peer_data(run, target, data, all_rows=a.peer_all_rows)
         (data / "draftsmith-key.json").write_text(json.dumps(key))
     print(f"peer data: {made['samples']} samples, {made['tokens']} tokens, loss rows {config['loss_rows']} "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)

@@ -207,6 +207,48 @@ def write_peer_data(run_dir: Path, target: Path, out: Path, sample_ids: list[str
     return summary
 
 
+def relabel_peer_data(src: Path, run_dir: Path, out: Path, *, all_rows: bool) -> dict:
+    """:func:`write_peer_data`'s output for other loss rows without running the target again: ``out`` gets the
+    same samples and draft vocabularies, its ``hidden_states`` a link to ``src``'s (the states do not depend on the
+    mask), and a loss mask of all ones (``all_rows``) or the run's own.
+
+    Raises:
+        PeerError: ``src`` was not written from ``run_dir`` (another run, or sample ids not in its data).
+    """
+    from datasets import Dataset
+    from draftsmith.drafter.data import TrainSamples
+
+    start = time.perf_counter()
+    src, out = Path(src), Path(out)
+    summary = json.loads((src / SUMMARY_FILE).read_text())
+    samples = TrainSamples(Path(run_dir) / "data").samples
+    ids = summary["sample_ids"]
+    if Path(summary["run"]).resolve() != Path(run_dir).resolve() or any(s not in samples for s in ids):
+        raise PeerError(f"{src} was made from {summary['run']}, not {run_dir}",
+                        "give --peer-states-from a --peer-data folder made from this run")
+    out.mkdir(parents=True, exist_ok=True)
+    link = out / "hidden_states"
+    if link.is_symlink():
+        link.unlink()
+    elif link.exists():
+        shutil.rmtree(link)
+    link.symlink_to((src / "hidden_states").resolve())
+    for f in list(src.glob("d2t-*.npy")) + list(src.glob("t2d-*.npy")):
+        shutil.copyfile(f, out / f.name)
+    seqs = [samples[sid].input_ids.to(torch.int64) for sid in ids]  # [T_i] each
+    masks = [torch.ones_like(x) if all_rows else samples[sid].loss_mask.to(torch.int64)
+             for sid, x in zip(ids, seqs, strict=True)]  # [T_i] each, 1 = supervised
+    dataset = Dataset.from_dict({"input_ids": [x.tolist() for x in seqs], "loss_mask": [m.tolist() for m in masks],
+                                 "seq_len": [int(x.numel()) for x in seqs]})
+    dataset.set_format(type="torch")
+    dataset.save_to_disk(str(out))
+    summary = {**summary, "data": str(out), "loss_rows": "all" if all_rows else "generated",
+               "supervised_tokens": int(sum(int(m.sum()) for m in masks)),
+               "relabelled_from": str(src), "seconds": round(time.perf_counter() - start, 2)}
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
 def _final_checkpoint(save_path: Path) -> Path | None:
     """The checkpoint of the last epoch speculators saved: ``save_path/<epoch>/`` with the highest epoch number that
     holds a ``config.json`` and weights (speculators' layout, which vLLM loads)."""
