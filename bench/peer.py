@@ -253,6 +253,27 @@ def peer_from(path: Path, cond: dict, config: dict, side: str = "speculators") -
     return Side(side, rec[side]["config"], runs)
 
 
+TRAINING_CONDITIONS = ("data_sha256", "epochs", "draft_vocab_size", "ttt_steps")
+
+
+def trained_before(dirs: list[Path], side: str, config: dict, cond: dict, seed: int) -> Trained | None:
+    """A drafter of ``side`` at ``seed`` that an earlier kept run (``DIR/peer.json`` of each of ``dirs``) trained
+    with the same side config and :data:`TRAINING_CONDITIONS`, whose folder still exists; its prompts are left
+    empty, to be measured again (on this run's prompts). None when no record has one. Training is seeded and
+    reproduces to the digit here (docs/benchmarks.md), so this is the drafter a new training would give."""
+    for d in dirs:
+        rec = json.loads((d / "peer.json").read_text()) if (d / "peer.json").is_file() else None
+        if not rec or rec.get("schema") != PEER_SCHEMA or rec[side]["config"] != config or \
+                any(rec["conditions"].get(k) != cond[k] for k in TRAINING_CONDITIONS):
+            continue
+        for r in rec[side]["runs"]:
+            if r["seed"] == seed and Path(r["drafter"]).is_dir():
+                print(f"{side} seed {seed}: the drafter {d} trained, measured again", flush=True)
+                return Trained(seed, Path(r["drafter"]), float(r["train_s"]), log=r.get("log"),
+                               resolved=r.get("resolved"))
+    return None
+
+
 def _only(counts: dict[int, list[PromptCounts]], set_name: str | None) -> dict[int, list[PromptCounts]]:
     """``counts`` cut to one set's prompts (None: all)."""
     return {s: [p for p in c if set_name is None or p.set == set_name] for s, c in counts.items()}
@@ -316,6 +337,9 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--ours-from", type=Path, metavar="DIR",
                     help="reuse draftsmith's side of an earlier --keep DIR run (refused unless recorded under the "
                          "same conditions and draftsmith config), e.g. to train the peer once more with other rows")
+    ap.add_argument("--trained-from", type=Path, nargs="+", default=[], metavar="DIR",
+                    help="earlier --keep DIRs: a side's seed they trained under the same data, epochs, vocabulary, "
+                         "TTT depth and side config is measured again instead of trained again")
     ap.add_argument("--peer-from", type=Path, metavar="DIR",
                     help="reuse the peer side of an earlier --keep DIR run (refused unless recorded under the same "
                          "data, epochs, vocabulary, K, seeds, prompts and peer settings)")
@@ -377,7 +401,8 @@ def main() -> None:
             except ValueError as e:
                 raise SystemExit(f"--ours-from: {e}") from e
         for seed in cond["seeds"] if a.only != "speculators" and not a.ours_from else []:
-            ours.runs.append(train_ours(run, work, env, ours.config, seed, logs))
+            ours.runs.append(trained_before(a.trained_from, "draftsmith", ours.config, cond, seed)
+                             or train_ours(run, work, env, ours.config, seed, logs))
             ours.runs[-1].prompts = _measure(ours.runs[-1].drafter, target, sets, a, logs / f"vllm-ours-{seed}.log")
         peer = Side("speculators", config) if a.only == "draftsmith" else \
             reused or _peer_side(a, run, target, work, sets, cond, config, logs)
@@ -433,7 +458,8 @@ def _peer_side(a, run: Path, target: Path, work: Path, sets, cond: dict, config:
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
     peer = Side("speculators", config)
     for seed in cond["seeds"]:
-        peer.runs.append(train_peer(data, target, work, config, seed, a))
+        peer.runs.append(trained_before(a.trained_from, "speculators", config, cond, seed)
+                         or train_peer(data, target, work, config, seed, a))
         print(f"peer training log (seed {seed}): {peer.runs[-1].log}", flush=True)
         peer.runs[-1].prompts = _measure(peer.runs[-1].drafter, target, sets, a, logs / f"vllm-peer-{seed}.log")
     return peer

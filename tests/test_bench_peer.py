@@ -128,6 +128,19 @@ def test_ours_from_reuses_draftsmiths_side_only_under_its_config(peer, recorded,
         peer.peer_from(one_sided, cond, {"lr": 1e-3}, side="draftsmith")
 
 
+def test_trained_from_measures_a_kept_drafter_again_only_if_trained_alike(peer, recorded, tmp_path):
+    a, sets, cond, config, path = recorded
+    (tmp_path / "speculators-1").mkdir()  # seed 1's drafter folder still exists, the others' do not
+    other_prompts = peer.conditions(_args(prompts="1-40", seeds=1), "ab" * 32, sets)
+    got = peer.trained_before([path.parent], "speculators", config, other_prompts, 1)
+    assert got.drafter == tmp_path / "speculators-1" and got.train_s == 91.0 and got.prompts == []
+    assert peer.trained_before([path.parent], "speculators", config, other_prompts, 0) is None  # folder gone
+    for changed in ({**other_prompts, "epochs": 2}, {**other_prompts, "data_sha256": "cd" * 32}):
+        assert peer.trained_before([path.parent], "speculators", config, changed, 1) is None
+    assert peer.trained_before([path.parent], "speculators", {**config, "lr": 3e-3}, other_prompts, 1) is None
+    assert peer.trained_before([tmp_path / "nothing-here"], "speculators", config, other_prompts, 1) is None
+
+
 def test_peer_from_refuses_a_record_without_conditions(peer, tmp_path):
     old = {"drafter": str(tmp_path / "d"), "train_s": 92.0, "prompts": []}  # the layout before the protocol
     (tmp_path / "peer.json").write_text(json.dumps(old))
