@@ -256,11 +256,13 @@ def peer_from(path: Path, cond: dict, config: dict, side: str = "speculators") -
 TRAINING_CONDITIONS = ("data_sha256", "epochs", "draft_vocab_size", "ttt_steps")
 
 
-def trained_before(dirs: list[Path], side: str, config: dict, cond: dict, seed: int) -> Trained | None:
+def trained_before(dirs: list[Path], side: str, config: dict, cond: dict, seed: int,
+                   logs: Path | None = None) -> Trained | None:
     """A drafter of ``side`` at ``seed`` that an earlier kept run (``DIR/peer.json`` of each of ``dirs``) trained
     with the same side config and :data:`TRAINING_CONDITIONS`, whose folder still exists; its prompts are left
-    empty, to be measured again (on this run's prompts). None when no record has one. Training is seeded and
-    reproduces to the digit here (docs/benchmarks.md), so this is the drafter a new training would give."""
+    empty, to be measured again (on this run's prompts), and its training log is copied into ``logs``. None when
+    no record has one. Training is seeded and reproduces to the digit here (docs/benchmarks.md), so this is the
+    drafter a new training would give."""
     for d in dirs:
         rec = json.loads((d / "peer.json").read_text()) if (d / "peer.json").is_file() else None
         if not rec or rec.get("schema") != PEER_SCHEMA or rec[side]["config"] != config or \
@@ -269,8 +271,10 @@ def trained_before(dirs: list[Path], side: str, config: dict, cond: dict, seed: 
         for r in rec[side]["runs"]:
             if r["seed"] == seed and Path(r["drafter"]).is_dir():
                 print(f"{side} seed {seed}: the drafter {d} trained, measured again", flush=True)
-                return Trained(seed, Path(r["drafter"]), float(r["train_s"]), log=r.get("log"),
-                               resolved=r.get("resolved"))
+                log = r.get("log")
+                if logs and log and Path(log).is_file() and Path(log).parent != logs:
+                    log = str(shutil.copyfile(log, logs / Path(log).name))
+                return Trained(seed, Path(r["drafter"]), float(r["train_s"]), log=log, resolved=r.get("resolved"))
     return None
 
 
@@ -401,7 +405,7 @@ def main() -> None:
             except ValueError as e:
                 raise SystemExit(f"--ours-from: {e}") from e
         for seed in cond["seeds"] if a.only != "speculators" and not a.ours_from else []:
-            ours.runs.append(trained_before(a.trained_from, "draftsmith", ours.config, cond, seed)
+            ours.runs.append(trained_before(a.trained_from, "draftsmith", ours.config, cond, seed, logs)
                              or train_ours(run, work, env, ours.config, seed, logs))
             ours.runs[-1].prompts = _measure(ours.runs[-1].drafter, target, sets, a, logs / f"vllm-ours-{seed}.log")
         peer = Side("speculators", config) if a.only == "draftsmith" else \
@@ -458,7 +462,7 @@ def _peer_side(a, run: Path, target: Path, work: Path, sets, cond: dict, config:
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
     peer = Side("speculators", config)
     for seed in cond["seeds"]:
-        peer.runs.append(trained_before(a.trained_from, "speculators", config, cond, seed)
+        peer.runs.append(trained_before(a.trained_from, "speculators", config, cond, seed, work)
                          or train_peer(data, target, work, config, seed, a))
         print(f"peer training log (seed {seed}): {peer.runs[-1].log}", flush=True)
         peer.runs[-1].prompts = _measure(peer.runs[-1].drafter, target, sets, a, logs / f"vllm-peer-{seed}.log")

@@ -132,8 +132,11 @@ def test_trained_from_measures_a_kept_drafter_again_only_if_trained_alike(peer, 
     a, sets, cond, config, path = recorded
     (tmp_path / "speculators-1").mkdir()  # seed 1's drafter folder still exists, the others' do not
     other_prompts = peer.conditions(_args(prompts="1-40", seeds=1), "ab" * 32, sets)
-    got = peer.trained_before([path.parent], "speculators", config, other_prompts, 1)
+    (tmp_path / "peer-train-seed-1.log").write_text("step 1 loss 9.0\n")
+    (tmp_path / "new").mkdir()
+    got = peer.trained_before([path.parent], "speculators", config, other_prompts, 1, tmp_path / "new")
     assert got.drafter == tmp_path / "speculators-1" and got.train_s == 91.0 and got.prompts == []
+    assert Path(got.log) == tmp_path / "new" / "peer-train-seed-1.log" and "loss 9.0" in Path(got.log).read_text()
     assert peer.trained_before([path.parent], "speculators", config, other_prompts, 0) is None  # folder gone
     for changed in ({**other_prompts, "epochs": 2}, {**other_prompts, "data_sha256": "cd" * 32}):
         assert peer.trained_before([path.parent], "speculators", config, changed, 1) is None
