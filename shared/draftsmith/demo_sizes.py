@@ -51,7 +51,8 @@ class DemoSize:
 # The training recipe of both SmolLM2 sizes (measured in bench/recipe.py, docs/benchmarks.md): residual
 # carries the normed feature, TTT depth = the K served, micro-batches of 4, a cosine floor of 0.1 x the peak, and
 # every extracted row in the loss (prompt rows too), and Muon on the hidden matrices (1.455 -> 1.521 in vLLM on
-# 1,115 regenerated samples at one epoch, ahead of speculators' 1.489) at a peak of 3e-3 whatever the size's lr
+# 1,115 regenerated samples at one epoch, ahead of speculators' defaults, 1.489; 1.8 % ahead of speculators tuned as
+# much, docs/benchmarks.md's fair protocol) at a peak of 3e-3 whatever the size's lr
 # (held out on the same data: Muon at 1e-3 / 2e-3 / 3e-3 / 5e-3 gave 1.71 / 1.81 / 1.84 / 1.79; docs/benchmarks.md,
 # the peer section).
 RECIPE: dict[str, Any] = {"norm_before_residual": True, "ttt_steps": 3, "batch_size": 4, "min_lr_ratio": 0.1,
