@@ -215,7 +215,6 @@ def measure_in_vllm(speculative_config: dict, target: Path, sets, prompts: tuple
         draftsmith.errors.EngineError: the server did not start (the message carries its log tail), a request
             failed, or (one at a time) the per-request metrics disagree with the server's counters.
     """
-    import httpx
     from draftsmith.config import load_settings
     from draftsmith.errors import EngineError
     from draftsmith.evaluation.runner import VLLMClient
@@ -244,8 +243,7 @@ def measure_in_vllm(speculative_config: dict, target: Path, sets, prompts: tuple
                  extra_args=["--per-request-spec-decode-metrics", "summary"])
     work = [(es.name, p) for es, ps in chosen for p in ps]
     with VLLMServer(spec, log).start(timeout_s=1800) as server:
-        client = VLLMClient(server.url, target.name)
-        http = httpx.Client(timeout=httpx.Timeout(1800.0, connect=10.0))
+        client = VLLMClient(server.url, target.name, timeout_s=1800.0)  # one httpx client, shared by the threads
 
         def one(item) -> PromptCounts:
             name, p = item
@@ -254,10 +252,13 @@ def measure_in_vllm(speculative_config: dict, target: Path, sets, prompts: tuple
             messages: list[dict[str, str]] = []
             for user in p.turns:
                 messages.append({"role": "user", "content": user})
-                text, spec_metrics = _chat(http, server.url, target.name, messages, max_tokens)
-                steps += spec_metrics["num_spec_steps"]
-                accepted += spec_metrics["num_accepted_draft_tokens"]
-                messages.append({"role": "assistant", "content": text})
+                turn = client.generate(messages, max_tokens, 0.0)
+                if turn.spec_metrics is None:
+                    raise EngineError(f"the engine at {server.url} returned no metrics.speculative_decoding: was it "
+                                      "started with --per-request-spec-decode-metrics and a drafter?")
+                steps += turn.spec_metrics["num_spec_steps"]
+                accepted += turn.spec_metrics["num_accepted_draft_tokens"]
+                messages.append({"role": "assistant", "content": turn.text})
             if before is not None:
                 d = client.counters() - before
                 if (d.drafts, d.accepted) != (steps, accepted):
@@ -268,22 +269,6 @@ def measure_in_vllm(speculative_config: dict, target: Path, sets, prompts: tuple
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(one, work))
 
-
-def _chat(http, url: str, model: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, dict]:
-    """One greedy chat completion: its text and its ``metrics.speculative_decoding`` (vLLM's per-request
-    speculative metrics). Raises EngineError on an HTTP error or a response without those metrics."""
-    from draftsmith.errors import EngineError
-
-    r = http.post(f"{url}/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": max_tokens,
-                                                      "temperature": 0.0, "seed": 0})
-    if r.status_code >= 400:
-        raise EngineError(f"the engine at {url} answered HTTP {r.status_code}: {r.text[:300]}")
-    out = r.json()
-    spec = (out.get("metrics") or {}).get("speculative_decoding")
-    if spec is None:
-        raise EngineError(f"the engine at {url} returned no metrics.speculative_decoding: was it started with "
-                          "--per-request-spec-decode-metrics and a drafter?")
-    return out["choices"][0]["message"].get("content") or "", spec
 
 def concurrency_check(drafter: Path, prompts: str, levels: list[int], max_tokens: int, k: int, logs: Path) -> None:
     """One EAGLE-3 drafter measured at each concurrency of ``levels`` on the same prompts of the bundled sets: prints

@@ -29,13 +29,16 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class Turn:
-    """One generated assistant turn: its text, completion tokens, the engine's per-request info (SGLang) and the
-    generated target token ids where the engine reports them (vLLM ``return_token_ids``)."""
+    """One generated assistant turn: its text, completion tokens, the engine's per-request info (SGLang), the
+    generated target token ids where the engine reports them (vLLM ``return_token_ids``) and vLLM's per-request
+    speculative metrics (``metrics.speculative_decoding``: ``num_spec_steps``, ``num_accepted_draft_tokens``...)
+    where the server runs with ``--per-request-spec-decode-metrics``."""
 
     text: str
     completion_tokens: int
     meta_info: dict[str, Any] | None = None
     token_ids: tuple[int, ...] | None = None
+    spec_metrics: dict[str, Any] | None = None
 
 
 class EngineClient(Protocol):
@@ -84,7 +87,8 @@ class VLLMClient:
         choice = out["choices"][0]
         ids = choice.get("token_ids")
         return Turn(choice["message"].get("content") or "", int(out["usage"]["completion_tokens"]),
-                    token_ids=tuple(ids) if ids is not None else None)
+                    token_ids=tuple(ids) if ids is not None else None,
+                    spec_metrics=(out.get("metrics") or {}).get("speculative_decoding"))
 
     def counters(self) -> SpecCounters:
         return SpecCounters.from_text(fetch(self.url), self.model)
