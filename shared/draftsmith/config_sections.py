@@ -314,6 +314,11 @@ class TrainConfig(Section):
     epochs: int = Run(1, ge=1, description="Passes over the training split.")
     max_steps: int | None = Run(None, ge=1, description="Stop after this many optimizer steps (None = epochs).")
     loss_decay: float = Run(0.8, gt=0, le=1, description="Weight of TTT step j is loss_decay**j.")
+    greedy_target_weight: float = Run(
+        0.0, ge=0, le=1, description="Share of each row's target distribution moved onto the target's top-1 token "
+        "while training (0: soft cross-entropy against the target's distribution, as EAGLE-3; 1: hard cross-entropy "
+        "on the token greedy verification accepts). Held-out losses stay soft.",
+    )
     eval_fraction: float = Run(0.05, ge=0, lt=1, description="Share of samples held out for evaluation.")
     eval_every: int = Run(200, ge=1, description="Held-out evaluation every N optimizer steps (and at the end).")
     curve_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Run(

@@ -9,7 +9,7 @@ import torch
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 from draftsmith.drafter.families.eagle3.objective import TTTObjective, add_feature_noise
-from draftsmith.drafter.ttt import target_view, ttt_loss
+from draftsmith.drafter.ttt import greedy_mix, target_view, ttt_loss
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,35 @@ def test_all_rows_puts_prompt_rows_in_the_loss_but_not_in_accuracy(target_cfg):
     assert gen.loss_rows == [5.0, 5.0] and every.loss_rows == [8.0, 7.0]
     assert gen.supervised == every.supervised == [5.0, 5.0]
     assert gen.correct == every.correct
+
+
+def test_greedy_target_weight_moves_the_target_distribution_onto_its_top1(target_cfg):
+    """greedy_mix: weight w keeps (1 - w) of the distribution and puts w on the top-1; w = 1 is the one-hot of the
+    greedy token (the soft loss becomes the hard cross-entropy on it); w = 0 changes nothing."""
+    torch.manual_seed(0)
+    m = Eagle3Drafter(target_cfg)
+    _vocab(m, target_cfg)
+    head = torch.randn(target_cfg.vocab_size, target_cfg.hidden_size)
+    final = torch.randn(2, 6, target_cfg.hidden_size)
+    p0 = target_view(final, head, m.d2t, m.t2d).probs
+    view = greedy_mix(target_view(final, head, m.d2t, m.t2d), 0.25)
+    onehot = torch.nn.functional.one_hot(view.top, 64).float()  # [2, 6, 64]
+    torch.testing.assert_close(view.probs, 0.75 * p0 + 0.25 * onehot)
+    torch.testing.assert_close(view.probs.sum(-1), torch.ones(2, 6))
+    assert torch.equal(greedy_mix(target_view(final, head, m.d2t, m.t2d), 1.0).probs, onehot)
+    assert torch.equal(greedy_mix(target_view(final, head, m.d2t, m.t2d), 0.0).probs, p0)
+
+
+def test_greedy_target_weight_trains_on_the_top1_but_held_out_stays_soft(run_factory):
+    """The mix applies to training batches only: the held-out loss of the same weights is the soft cross-entropy
+    whatever the weight, while one training step from the same init moves the weights differently."""
+    from draftsmith.drafter.trainer import Trainer
+
+    soft, hard = (Trainer(run_factory(f"g{w}", greedy_target_weight=w, max_steps=1, ttt_steps=2)) for w in (0.0, 1.0))
+    assert soft.evaluate().losses == hard.evaluate().losses
+    soft.run()
+    hard.run()
+    assert not torch.equal(soft.model.layers[0].mlp.down_proj.weight, hard.model.layers[0].mlp.down_proj.weight)
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ from draftsmith.drafter.loader import HostBatch, host_batch, read_ahead, shared_
 from draftsmith.drafter.optimizer import LRSchedule, Optimizers, lr_lambda
 from draftsmith.drafter.progress import StepTiming, peak_memory_gb, progress_line, set_train_metrics
 from draftsmith.drafter.target_top1 import TargetTop1
-from draftsmith.drafter.ttt import StepStats, target_view
+from draftsmith.drafter.ttt import StepStats, greedy_mix, target_view
 from draftsmith.drafter.ttt_attention import set_ttt_attention
 from draftsmith.drafter.vocab import init_from_target, load_draft_vocab, mapping_hash
 from draftsmith.errors import DataError, Interrupted, TrainingError
@@ -248,6 +248,8 @@ class Trainer:
     def _forward(self, batch, module) -> tuple[torch.Tensor, StepStats]:
         view = target_view(batch["final"], self.lm_head, self.model.d2t, self.model.t2d, in_vocab=batch["in_vocab"],
                            rows=self.top1.rows)
+        if self.objective.training:  # held-out losses stay the soft cross-entropy, comparable across settings
+            greedy_mix(view, self.tc.greedy_target_weight)
         with self._autocast():
             return module(batch, view)
 

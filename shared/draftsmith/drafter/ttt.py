@@ -74,6 +74,23 @@ def target_view(
     return TargetView(probs=probs, top=logits.argmax(-1), in_vocab=in_vocab)
 
 
+def greedy_mix(view: TargetView, weight: float) -> TargetView:
+    """Move ``weight`` of each row's target distribution onto its top-1 draft token, in place.
+
+    ``probs`` ``[B, T, N]`` becomes ``(1 - weight) * probs + weight * onehot(top)``: the soft cross-entropy against
+    it is ``(1 - weight)`` x EAGLE-3's soft loss plus ``weight`` x the hard cross-entropy on the target's greedy
+    token, the one a greedy verifier accepts. Rows whose full-vocabulary top-1 is outside the draft vocabulary are
+    never in the loss, so ``top`` is the target's own greedy token wherever it counts. Why: the best
+    divergence for a drafter depends on how it is verified (DistillSpec, Zhou et al., 2024, arXiv:2310.08461), and
+    HASS (Zhang et al., 2024, arXiv:2408.15766) adds a loss on the target's top tokens to EAGLE's. ``weight`` 0
+    leaves the view as it is.
+    """
+    if weight > 0:
+        view.probs.mul_(1.0 - weight).scatter_add_(
+            -1, view.top.unsqueeze(-1), view.probs.new_full((*view.top.shape, 1), weight))
+    return view
+
+
 def draft_rows(lm_head: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     """``[V, H]`` target head -> ``[N, H]`` its rows of the draft vocabulary (draft id i is target id ``i + d2t[i]``)."""
     return lm_head[torch.arange(d2t.numel(), device=d2t.device) + d2t]
