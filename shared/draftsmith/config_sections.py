@@ -314,6 +314,11 @@ class TrainConfig(Section):
     epochs: int = Run(1, ge=1, description="Passes over the training split.")
     max_steps: int | None = Run(None, ge=1, description="Stop after this many optimizer steps (None = epochs).")
     loss_decay: float = Run(0.8, gt=0, le=1, description="Weight of TTT step j is loss_decay**j.")
+    step_weights: Literal["decay", "acceptance"] = Run(
+        "decay", description="TTT step weights: loss_decay**j, or 'acceptance': each step weighted by what its "
+        "accuracy is worth in greedy acceptance length at the running training accuracies (steps after a likely "
+        "rejection count for less).",
+    )
     greedy_target_weight: float = Run(
         0.0, ge=0, le=1, description="Share of each row's target distribution moved onto the target's top-1 token "
         "while training (0: soft cross-entropy against the target's distribution, as EAGLE-3; 1: hard cross-entropy "

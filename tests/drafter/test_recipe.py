@@ -9,7 +9,13 @@ import torch
 from draftsmith.drafter.config import derive_config
 from draftsmith.drafter.families.eagle3.model import Eagle3Drafter
 from draftsmith.drafter.families.eagle3.objective import TTTObjective, add_feature_noise
-from draftsmith.drafter.ttt import greedy_mix, target_view, ttt_loss
+from draftsmith.drafter.ttt import (
+    acceptance_step_weights,
+    greedy_mix,
+    simulated_acceptance_length,
+    target_view,
+    ttt_loss,
+)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +96,43 @@ def test_all_rows_puts_prompt_rows_in_the_loss_but_not_in_accuracy(target_cfg):
     assert gen.loss_rows == [5.0, 5.0] and every.loss_rows == [8.0, 7.0]
     assert gen.supervised == every.supervised == [5.0, 5.0]
     assert gen.correct == every.correct
+
+
+def test_acceptance_step_weights_are_the_gradient_of_acceptance_length():
+    """Each step's weight is d(acceptance length)/d(its accuracy), scaled so step 0 weighs 1."""
+    accs = torch.tensor([0.5, 0.4, 0.3], dtype=torch.float64, requires_grad=True)
+    length = 1 + torch.cumprod(accs, 0).sum()
+    assert length.item() == pytest.approx(simulated_acceptance_length([0.5, 0.4, 0.3]))
+    (grad,) = torch.autograd.grad(length, accs)
+    w = acceptance_step_weights(accs.detach())
+    torch.testing.assert_close(w, grad / grad[0])
+    torch.testing.assert_close(w, torch.tensor([1.0, 0.65 / 1.52, 0.2 / 1.52], dtype=torch.float64))
+    # a step after one that is never accepted is worth nothing
+    assert acceptance_step_weights(torch.tensor([0.0, 0.5, 0.5])).tolist()[1:] == [0.0, 0.0]
+
+
+def test_acceptance_step_weights_follow_the_training_accuracies(target_cfg):
+    """The objective starts at decay ** j, then weights steps by the running training accuracies; evaluation
+    neither changes nor is changed by them."""
+    torch.manual_seed(0)
+    m = Eagle3Drafter(target_cfg)
+    _vocab(m, target_cfg)
+    B, T, k = 2, 12, 3
+    head = torch.randn(target_cfg.vocab_size, target_cfg.hidden_size)
+    head[torch.arange(64) * 3] *= 50
+    batch = {"input_ids": torch.randint(0, 300, (B, T)), "loss_mask": torch.ones(B, T, dtype=torch.bool),
+             "aux": torch.randn(B, T, 3 * target_cfg.hidden_size), "lengths": torch.tensor([T, T])}
+    view = target_view(torch.randn(B, T, target_cfg.hidden_size), head, m.d2t, m.t2d)
+    obj = TTTObjective(m, k, 0.8, step_weights="acceptance")
+    assert obj._weights() == 0.8
+    _, stats = obj(batch, view)
+    torch.testing.assert_close(obj.accs, torch.tensor(stats.accs, dtype=torch.float32))
+    first = obj.accs.clone()
+    obj.eval()
+    obj(batch, view)
+    assert torch.equal(obj.accs, first)
+    with pytest.raises(ValueError, match="not 'decay' or 'acceptance'"):
+        TTTObjective(m, k, 0.8, step_weights="uniform")
 
 
 def test_greedy_target_weight_moves_the_target_distribution_onto_its_top1(target_cfg):

@@ -186,6 +186,28 @@ def simulated_acceptance_length(accs: list[float]) -> float:
     return total
 
 
+def acceptance_step_weights(accs: torch.Tensor) -> torch.Tensor:
+    """TTT step weights proportional to what each step's accuracy is worth in greedy chain acceptance length.
+
+    ``accs`` ``[k]`` per-step accuracies -> ``[k]`` weights ``w_j = dL/da_j`` of :func:`simulated_acceptance_length`
+    ``L = 1 + sum_m prod_{i<=m} a_i``, i.e. ``w_j = sum_{m>=j} prod_{i<=m, i!=j} a_i``, divided by ``w_0`` so step 0
+    weighs 1 as with ``decay ** j``. A later step is worth only as much as the steps before it are accepted, so the
+    weights fall by about the accuracy from step to step (0.8 ** j falls much more slowly while a drafter accepts
+    under half of its tokens).
+    """
+    k = accs.numel()
+    w = torch.zeros_like(accs)
+    for j in range(k):
+        others = accs.clone()
+        others[j] = 1.0
+        w[j] = torch.cumprod(others, 0)[j:].sum()  # prod_{i<=m, i!=j} a_i summed over m >= j
+    return w / w[0]
+
+
+def _step_weight(decay: float | torch.Tensor, j: int):
+    return decay[j] if isinstance(decay, torch.Tensor) else decay**j
+
+
 # Elements of one loss chunk's draft-vocabulary tensors ([B, rows, N]); 2**24 floats = 64 MiB in float32.
 LOSS_CHUNK_ELEMENTS = 2**24
 LOSS_MODES = ("chunked", "dense")
@@ -199,7 +221,7 @@ def ttt_loss(
     lengths: torch.Tensor,
     view: TargetView,
     k: int,
-    decay: float = 0.8,
+    decay: float | torch.Tensor = 0.8,
     all_rows: bool = False,
     loss: str = "chunked",
 ) -> tuple[torch.Tensor, StepStats]:
@@ -211,7 +233,8 @@ def ttt_loss(
         input_ids: ``[B, T]`` target ids (right-padded). loss_mask: ``[B, T]`` (1 = token t is target-generated).
         aux_hidden: ``[B, T, 3*H_t]``. lengths: ``[B]`` real lengths.
         view: :func:`target_view` of the same batch.
-        k: unroll depth. decay: step weight base.
+        k: unroll depth. decay: step weight base (step ``j`` weighs ``decay ** j``), or the ``[k]`` step weights
+            themselves (:func:`acceptance_step_weights`).
         all_rows: put every in-range row in the loss (prompt tokens too), not only loss-masked ones; the
             returned accuracy still counts loss-masked rows only, so figures stay comparable.
         loss: ``"chunked"`` (``train.ttt_loss``' default): each step's logits, log-softmax and soft-CE are
@@ -247,11 +270,11 @@ def ttt_loss(
             tgt = _shift(view.probs, j + 1)  # [B, T, N]
             ce = -(tgt * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T]
             ce_sum = (ce * rows).sum()
-            total = total + (decay**j) * ce_sum / n_rows.clamp(min=1)
+            total = total + _step_weight(decay, j) * ce_sum / n_rows.clamp(min=1)
             with torch.no_grad():
                 correct = ((logits.argmax(-1) == _shift(view.top, j + 1)) & supervised & in_vocab).sum()
         else:
-            weight = (decay**j) / n_rows.clamp(min=1)
+            weight = _step_weight(decay, j) / n_rows.clamp(min=1)
             step = _StepLoss(model, view, j, rows, supervised & in_vocab, weight, head)
             params = head.params(model) if head is not None else []
             total = total + _ChunkedSoftCE.apply(step, normed, *params)

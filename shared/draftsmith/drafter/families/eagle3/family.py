@@ -32,9 +32,10 @@ class Eagle3Family:
         return Eagle3Drafter(cfg)
 
     def objective(self, model: Eagle3Drafter, tc: Any) -> TTTObjective:
-        """The TTT objective (``k = train.ttt_steps``, step weights ``train.loss_decay ** j``)."""
+        """The TTT objective (``k = train.ttt_steps``, step weights ``train.loss_decay ** j`` or ``train.step_weights``)."""
         return TTTObjective(
-            model, tc.ttt_steps, tc.loss_decay, tc.loss_rows == "all", tc.feature_noise, tc.ttt_loss
+            model, tc.ttt_steps, tc.loss_decay, tc.loss_rows == "all", tc.feature_noise, tc.ttt_loss,
+            tc.step_weights,
         )
 
     def load_checkpoint(self, ckpt: Path, target_path: str) -> Eagle3Drafter:

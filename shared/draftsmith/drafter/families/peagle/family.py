@@ -87,7 +87,8 @@ class PEagleFamily:
     def objective(self, model: PEagleDrafter, tc: Any) -> TTTObjective:
         """The TTT objective over K = ``train.ttt_steps`` parallel slots (module docstring)."""
         return TTTObjective(
-            model, tc.ttt_steps, tc.loss_decay, tc.loss_rows == "all", tc.feature_noise, tc.ttt_loss
+            model, tc.ttt_steps, tc.loss_decay, tc.loss_rows == "all", tc.feature_noise, tc.ttt_loss,
+            tc.step_weights,
         )
 
     def load_checkpoint(self, ckpt: Path, target_path: str) -> PEagleDrafter:
