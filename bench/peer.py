@@ -189,13 +189,31 @@ def train_peer(data: Path, target: Path, work: Path, config: dict, seed: int, a)
 
 def conditions(a, data_hash: str, sets) -> dict:
     """What a peer side's counts depend on besides its own config: the data (SHA-256), epochs, draft vocabulary, K,
-    TTT depth, seeds, prompts and tokens, vLLM's mode and concurrency, and each set's file (SHA-256)."""
+    TTT depth, seeds, prompts and tokens, vLLM's mode and concurrency, each set's file (SHA-256), and the machine's
+    arithmetic (:func:`machine`)."""
     import hashlib
 
     return {"data_sha256": data_hash, "epochs": a.epochs, "draft_vocab_size": a.vocab, "k": a.k,
             "ttt_steps": a.ttt_steps, "seeds": list(range(a.seeds)), "prompts": a.prompts, "limit": a.limit,
             "max_tokens": a.max_tokens, "eager": a.eager, "concurrency": a.concurrency,
-            "sets": {es.name: hashlib.sha256(es.path.read_bytes()).hexdigest() for es in sets}}
+            "sets": {es.name: hashlib.sha256(es.path.read_bytes()).hexdigest() for es in sets},
+            "machine": machine()}
+
+
+def machine() -> dict:
+    """What a seeded training's result depends on besides its inputs: torch's version and the CPU's bf16 kernels
+    (``amx``, ``avx512_bf16`` or ``none``: both sides train under bf16 autocast, and the same seed gives other
+    weights, and another acceptance length, where the kernels differ). The CPU model is recorded for the reader."""
+    from importlib.metadata import version
+
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    bf16 = "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none"
+    return {"torch": version("torch"), "bf16": bf16, "cpu": model}
 
 
 def _side_json(side: Side) -> dict:
@@ -253,7 +271,7 @@ def peer_from(path: Path, cond: dict, config: dict, side: str = "speculators") -
     return Side(side, rec[side]["config"], runs)
 
 
-TRAINING_CONDITIONS = ("data_sha256", "epochs", "draft_vocab_size", "ttt_steps")
+TRAINING_CONDITIONS = ("data_sha256", "epochs", "draft_vocab_size", "ttt_steps", "machine")
 
 
 def trained_before(dirs: list[Path], side: str, config: dict, cond: dict, seed: int,
@@ -261,8 +279,8 @@ def trained_before(dirs: list[Path], side: str, config: dict, cond: dict, seed: 
     """A drafter of ``side`` at ``seed`` that an earlier kept run (``DIR/peer.json`` of each of ``dirs``) trained
     with the same side config and :data:`TRAINING_CONDITIONS`, whose folder still exists; its prompts are left
     empty, to be measured again (on this run's prompts), and its training log is copied into ``logs``. None when
-    no record has one. Training is seeded and reproduces to the digit here (docs/benchmarks.md), so this is the
-    drafter a new training would give."""
+    no record has one. Training is seeded and reproduces to the digit on one kind of machine (docs/benchmarks.md),
+    so this is the drafter a new training would give; one trained under other bf16 kernels or torch is not."""
     for d in dirs:
         rec = json.loads((d / "peer.json").read_text()) if (d / "peer.json").is_file() else None
         if not rec or rec.get("schema") != PEER_SCHEMA or rec[side]["config"] != config or \

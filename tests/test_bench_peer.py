@@ -12,6 +12,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,9 @@ def test_the_record_holds_the_conditions_and_both_sides(peer, recorded):
     assert rec["schema"] == "draftsmith.peer-side/2"
     assert rec["conditions"] == {"data_sha256": "ab" * 32, "epochs": 1, "draft_vocab_size": 8192, "k": 3,
                                  "ttt_steps": 3, "seeds": [0, 1, 2], "prompts": "41-80", "limit": None,
-                                 "max_tokens": 128, "eager": False, "concurrency": 16, "sets": cond["sets"]}
+                                 "max_tokens": 128, "eager": False, "concurrency": 16, "sets": cond["sets"],
+                                 "machine": cond["machine"]}
+    assert cond["machine"]["bf16"] in ("amx", "avx512_bf16", "none") and cond["machine"]["torch"] == version("torch")
     assert list(cond["sets"]) == ["mt_bench", "gsm8k", "humaneval", "alpaca"]
     assert all(len(h) == 64 for h in cond["sets"].values())
     assert rec["speculators"]["config"] == {"lr": None, "total_seq_len": 1024, "loss_rows": "generated",
@@ -138,7 +141,9 @@ def test_trained_from_measures_a_kept_drafter_again_only_if_trained_alike(peer, 
     assert got.drafter == tmp_path / "speculators-1" and got.train_s == 91.0 and got.prompts == []
     assert Path(got.log) == tmp_path / "new" / "peer-train-seed-1.log" and "loss 9.0" in Path(got.log).read_text()
     assert peer.trained_before([path.parent], "speculators", config, other_prompts, 0) is None  # folder gone
-    for changed in ({**other_prompts, "epochs": 2}, {**other_prompts, "data_sha256": "cd" * 32}):
+    other_cpu = {**other_prompts["machine"], "bf16": "amx" if other_prompts["machine"]["bf16"] != "amx" else "none"}
+    for changed in ({**other_prompts, "epochs": 2}, {**other_prompts, "data_sha256": "cd" * 32},
+                    {**other_prompts, "machine": other_cpu}):
         assert peer.trained_before([path.parent], "speculators", config, changed, 1) is None
     assert peer.trained_before([path.parent], "speculators", {**config, "lr": 3e-3}, other_prompts, 1) is None
     assert peer.trained_before([tmp_path / "nothing-here"], "speculators", config, other_prompts, 1) is None
