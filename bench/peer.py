@@ -117,13 +117,14 @@ def quick_run(runs: Path, target: Path, samples: int, env: dict[str, str], logs:
 
 
 def ours_config(a) -> dict:
-    """draftsmith's training config for this comparison: the demo recipe, the shared shape and epochs, bf16 autocast
-    (as the peer's trainer always runs: the same arithmetic on both sides, whatever draftsmith's precision rule picks
-    on this CPU), and the ``--ours`` variants (``KEY=VALUE``, JSON values, plain strings as they are)."""
+    """draftsmith's training config for this comparison: the demo recipe, the shared shape and epochs, the
+    comparison's ``--precision`` (the peer's too: the same arithmetic on both sides, whatever draftsmith's own
+    precision rule picks on this CPU), and the ``--ours`` variants (``KEY=VALUE``, JSON values, plain strings as
+    they are)."""
     from draftsmith.demo_sizes import RECIPE
 
     train = {**RECIPE, "ttt_steps": a.ttt_steps, "epochs": a.epochs, "lr": a.lr, "eval_fraction": 0.0,
-             "precision": "bf16", "draft_vocab_size": a.vocab, "batch_tokens": 4096, "num_layers": 1, "log_every": 20,
+             "precision": a.precision, "draft_vocab_size": a.vocab, "batch_tokens": 4096, "num_layers": 1, "log_every": 20,
              "save_every": 100000, "eval_every": 100000}
     for kv in a.ours:
         key, _, value = kv.partition("=")
@@ -162,14 +163,19 @@ def _shape(run: Path) -> tuple[int, int]:
     return max(int(s.input_ids.numel()) for s in samples.values()), len(samples)
 
 
+# speculators' autocast dtype for each --precision
+PEER_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
+
+
 def peer_config(a, max_seq_len: int, samples: int) -> dict:
     """The peer's training settings as this comparison sets them: ``lr`` (None: speculators' default, 1e-3 for both
     its Muon and its AdamW groups), ``total_seq_len`` (``--peer-pack`` or the longest sample), ``loss_rows``
-    (``all``: an all-ones loss mask; ``generated``: the run's mask), ``train_samples`` (every row but its last) and
-    the extra flags."""
+    (``all``: an all-ones loss mask; ``generated``: the run's mask), ``train_samples`` (every row but its last),
+    ``hidden_states_dtype`` (its autocast dtype: ``bfloat16``, its default, or ``float32`` for ``--precision fp32``,
+    where CPU autocast is off and it trains in float32) and the extra flags."""
     return {"lr": a.peer_lr, "total_seq_len": max(a.peer_pack, max_seq_len),
             "loss_rows": "all" if a.peer_all_rows else "generated", "train_samples": samples - 1,
-            "extra": list(a.peer_arg), "speculators": "0.9.0"}
+            "hidden_states_dtype": PEER_DTYPE[a.precision], "extra": list(a.peer_arg), "speculators": "0.9.0"}
 
 
 def train_peer(data: Path, target: Path, work: Path, config: dict, seed: int, a) -> Trained:
@@ -179,7 +185,9 @@ def train_peer(data: Path, target: Path, work: Path, config: dict, seed: int, a)
 
     out = ps.train_peer(data, target, work / "peer-out" / f"seed-{seed}", epochs=a.epochs, draft_vocab_size=a.vocab,
                         ttt_steps=a.ttt_steps, lr=config["lr"], total_seq_len=config["total_seq_len"],
-                        train_samples=config["train_samples"], extra=["--seed", str(seed), *config["extra"]])
+                        train_samples=config["train_samples"],
+                        extra=["--seed", str(seed), "--hidden-states-dtype", config["hidden_states_dtype"],
+                               *config["extra"]])
     log = work / f"peer-train-seed-{seed}.log"
     shutil.copyfile(out["log"], log)
     resolved = Path(out["drafter"]).parent / "run.yaml"  # speculators' resolved config, beside its checkpoints
@@ -353,6 +361,10 @@ def _args() -> argparse.Namespace:
                     help="the peer's tokens per packed batch (its --total-seq-len; its own default is 8192)")
     ap.add_argument("--peer-all-rows", action="store_true", help="train the peer with an all-ones loss mask")
     ap.add_argument("--peer-arg", action="append", default=[], help="extra speculators train flag (repeatable)")
+    ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="both sides' training arithmetic: bf16 autocast (the peer's default) or float32; auto: bf16 "
+                         "where the CPU has bf16 kernels (AMX or AVX-512-BF16), float32 where it has none (bf16 "
+                         "matrix products there run ~100x slower than float32)")
     ap.add_argument("--keep", type=Path, help="keep the work folder here (drafters, logs, peer.json)")
     ap.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE",
                     help="a draftsmith recipe variant: train.KEY=VALUE (repeatable), e.g. norm_output=true")
@@ -378,6 +390,8 @@ def _args() -> argparse.Namespace:
     a.limit = a.limit or (3 if a.quick else None)
     a.max_tokens = a.max_tokens or (32 if a.quick else 128)
     a.eager = a.eager or a.quick
+    if a.precision == "auto":
+        a.precision = "fp32" if machine()["bf16"] == "none" else "bf16"
     return a
 
 
@@ -413,7 +427,7 @@ def main() -> None:
         print(f"data: {run} (sha256 {cond['data_sha256'][:12]}); draft vocabulary {a.vocab}; {a.epochs} epoch(s); "
               f"TTT depth {a.ttt_steps}; seeds {cond['seeds']}; prompts {a.prompts} of each bundled set"
               f"{f' (at most {a.limit})' if a.limit else ''}, sets {', '.join(cond['sets'])}; {a.max_tokens} tokens, "
-              f"K {a.k}", flush=True)
+              f"K {a.k}; training in {a.precision} on both sides", flush=True)
         config = peer_config(a, *_shape(run))
         reused = _reused_peer(a, cond, config, work) if a.peer_from else None  # refused before anything trains
         ours = Side("draftsmith", ours_config(a))

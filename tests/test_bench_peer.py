@@ -32,7 +32,7 @@ def peer():
 def _args(**kw):
     base = {"epochs": 1, "vocab": 8192, "k": 3, "ttt_steps": 3, "seeds": 3, "prompts": "41-80", "limit": None,
             "max_tokens": 128, "eager": False, "concurrency": 16, "peer_lr": None, "peer_pack": 1024, "peer_all_rows": False,
-            "peer_arg": []}
+            "peer_arg": [], "precision": "bf16"}
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -70,7 +70,8 @@ def test_the_record_holds_the_conditions_and_both_sides(peer, recorded):
     assert list(cond["sets"]) == ["mt_bench", "gsm8k", "humaneval", "alpaca"]
     assert all(len(h) == 64 for h in cond["sets"].values())
     assert rec["speculators"]["config"] == {"lr": None, "total_seq_len": 1024, "loss_rows": "generated",
-                                            "train_samples": 1114, "extra": [], "speculators": "0.9.0"}
+                                            "train_samples": 1114, "hidden_states_dtype": "bfloat16", "extra": [],
+                                            "speculators": "0.9.0"}
     assert rec["draftsmith"]["config"] == {"lr": 1e-3}
     assert [r["seed"] for r in rec["speculators"]["runs"]] == [0, 1, 2]
     assert rec["speculators"]["runs"][1]["prompts"][0] == {"set": "gsm8k", "id": "41", "drafts": 40, "accepted": 17}
