@@ -214,13 +214,14 @@ def machine() -> dict:
     weights, and another acceptance length, where the kernels differ). The CPU model is recorded for the reader."""
     from importlib.metadata import version
 
+    from draftsmith.precision import CPUINFO, cpu_has_amx, cpu_has_bf16_kernels
+
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        info = Path(CPUINFO).read_text()
     except OSError:
         info = ""
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
     model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-    bf16 = "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none"
+    bf16 = "amx" if cpu_has_amx() else "avx512_bf16" if cpu_has_bf16_kernels() else "none"
     return {"torch": version("torch"), "bf16": bf16, "cpu": model}
 
 

@@ -87,3 +87,23 @@ def test_the_default_demo_buys_more_data_where_bf16_is_native(amx):
     mla = SIZES["mla"].config
     assert (mla["target"]["dtype"], mla["extract"]["compute_dtype"], mla["train"]["precision"]) == (
         "float32", "float32", "fp32")
+
+
+def test_bf16_on_a_cpu_that_emulates_it_is_warned_about(amx, monkeypatch, tmp_path):
+    """Forced bf16 where products are emulated gets a warning naming the fix; hardware bf16, float32, auto and CUDA
+    get none."""
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(precision, "CPUINFO", str(cpuinfo))
+    cpuinfo.write_text("flags\t\t: fpu avx2 avx512f\n")
+    amx(False)
+    msg = precision.emulated_bf16_warning("bf16")
+    assert msg and "no AMX, no AVX-512-BF16" in msg and "auto or fp32" in msg
+    assert precision.emulated_bf16_warning("bfloat16", torch.device("cpu")).startswith("bfloat16 on a CPU")
+    for ok in ("fp32", "float32", "auto"):
+        assert precision.emulated_bf16_warning(ok) is None
+    assert precision.emulated_bf16_warning("bf16", "cuda") is None
+    cpuinfo.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert precision.emulated_bf16_warning("bf16") is None
+    cpuinfo.write_text("flags\t\t: fpu avx2\n")
+    amx(True)
+    assert precision.emulated_bf16_warning("bf16") is None

@@ -84,9 +84,12 @@ def train_cmd(
     with staged(s, ("data", "features"), pushed) as s:
         from draftsmith import metrics
         from draftsmith.drafter.trainer import Trainer
+        from draftsmith.precision import emulated_bf16_warning
 
         keep(f"the checkpoints in {checkpoints.folder}")
         trainer = Trainer(with_data_vocab(s), checkpoints=checkpoints)
+        if trainer.dist.main and (slow := emulated_bf16_warning(trainer.precision, trainer.dist.device)):
+            typer.echo(f"warning: train.precision {slow}", err=True)
         if trainer.dist.main:
             try:
                 metrics.serve_metrics(s.metrics.port, s.metrics.addr)
