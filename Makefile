@@ -187,6 +187,7 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  generation.py                      pool vs bare client on a vLLM CPU server it starts (~8 min)"
 	@echo "  eval_speedup.py [--drafter DIR]    vLLM with and without a drafter (two servers it starts)"
 	@echo "  precision.py                       bf16 vs float32, serving included (two servers it starts)"
+	@echo "  muon_cpu.py                        Muon's Newton-Schulz in float32 vs torch's bf16, per training step (~2 min)"
 	@echo "  recipe.py --run R --variants F     recipe ablations on a run's features, each measured in vLLM"
 	@echo "  vocab_coverage.py --run R          draft-vocabulary coverage of the target's eval answers"
 	@echo "  generation_scale.py                at 1,000 / 10,000 / 50,000 prompts (make bench runs 1,000)"

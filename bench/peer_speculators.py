@@ -275,7 +275,8 @@ def train_peer(
 ) -> dict:
     """Train speculators' EAGLE-3 drafter on :func:`write_peer_data`'s output, in ``.peer-venv``, as a subprocess.
 
-    Runs ``python -m speculators.train`` with speculators' own defaults except: the drafter shape (``--num-layers``,
+    Runs ``python -m speculators.train`` (through ``bench/peer_launch.py``: Muon's Newton-Schulz in float32 on a CPU
+    without bf16 kernels, as draftsmith's) with speculators' own defaults except: the drafter shape (``--num-layers``,
     ``--ttt-steps``), ``--epochs``, the run's draft vocabulary (``--draft-vocab-size``, ``--d2t-path``,
     ``--t2d-path``), the aux ids the data were written with (``--target-layer-ids``); ``--lr``, ``--total-seq-len``
     and ``--train-data-ratio`` (from ``train_samples``) when given; and the CPU flags of :data:`CPU_FLAGS`. ``extra``
@@ -325,7 +326,8 @@ def train_peer(
                             "pass overwrite=True (--overwrite) or another output folder")
         shutil.rmtree(save_path)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [str(PEER_PYTHON), "-m", "speculators.train",
+    # bench/peer_launch.py runs `python -m speculators.train` with Muon's Newton-Schulz as draftsmith runs it here
+    cmd = [str(PEER_PYTHON), str(Path(__file__).resolve().parent / "peer_launch.py"),
            "--speculator-type", "eagle3",
            "--verifier-name-or-path", str(target),
            "--data-path", str(data),

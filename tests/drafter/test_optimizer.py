@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from draftsmith.drafter import optimizer as optimizer_module
+from draftsmith.drafter.newton_schulz import float32_newton_schulz, newton_schulz_float32
 from draftsmith.drafter.optimizer import LRSchedule, Optimizers, split_for_muon
 from torch import nn
 
@@ -102,3 +104,51 @@ def test_a_checkpoint_of_the_other_optimizer_is_refused_with_its_fix(tmp_path, s
     same = Optimizers(m, tc(saved))
     load_optimizer_state(ckpt, m, same, LRSchedule(same, lambda step: 1.0))
     assert [len(o.state) for o in same] == [len(o.state) for o in opts]
+
+
+NS = ((3.4445, -4.7750, 2.0315), 5, 1e-7)  # torch.optim.Muon's defaults
+
+
+@pytest.mark.parametrize("shape", [(48, 144), (144, 48), (64, 64)])
+def test_the_float32_newton_schulz_is_torchs_iteration_without_bf16_rounding(shape):
+    """The same iteration as torch's Muon (its result in bf16 lies within bf16 rounding of ours), in float32; a
+    random rectangular matrix comes out near-orthogonal (every singular value in Muon's band around 1)."""
+    import torch.optim._muon as muon
+
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    ours = newton_schulz_float32(g, *NS)
+    torch_own = muon._zeropower_via_newtonschulz(g, *NS)
+    assert ours.dtype == torch.float32 and ours.shape == g.shape and torch_own.dtype == torch.bfloat16
+    torch.testing.assert_close(ours, torch_own.float(), atol=2e-2, rtol=0)
+    sv = torch.linalg.svdvals(ours)
+    assert sv.max() < 1.25 and (shape[0] == shape[1] or 0.6 < sv.min())
+    with pytest.raises(ValueError, match="2-D"):
+        newton_schulz_float32(torch.ones(3), *NS)
+
+
+def test_muon_steps_in_float32_only_where_bf16_is_emulated(monkeypatch):
+    """On a CPU without bf16 kernels the Muon step runs the float32 iteration (and torch's own is back afterwards);
+    with bf16 kernels it runs torch's own; the update is the same up to bf16 rounding either way."""
+    import torch.optim._muon as muon
+
+    own = muon._zeropower_via_newtonschulz
+    calls: list[str] = []
+    monkeypatch.setattr("draftsmith.drafter.newton_schulz.newton_schulz_float32",
+                        lambda *a: calls.append("fp32") or newton_schulz_float32(*a))
+    after = {}
+    for kernels in (False, True):
+        monkeypatch.setattr(optimizer_module, "cpu_has_bf16_kernels", lambda k=kernels: k)
+        torch.manual_seed(0)
+        model = Toy()
+        opt = Optimizers(model, tc("muon"))
+        assert opt.ns_float32 is (not kernels)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.ones_like(p)
+        opt.step()
+        assert muon._zeropower_via_newtonschulz is own
+        after[kernels] = model.fc.weight.detach().clone()
+    assert calls == ["fp32", "fp32"]  # fc and q_proj, the Muon matrices, on the CPU without bf16 kernels only
+    torch.testing.assert_close(after[False], after[True], atol=1e-3, rtol=0)
+    with float32_newton_schulz(False) as swapped:
+        assert swapped is False and muon._zeropower_via_newtonschulz is own

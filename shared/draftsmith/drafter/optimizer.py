@@ -7,7 +7,8 @@ output head (``lm_head``, one row per draft-vocabulary token) and every vector (
 Muon update is rescaled to AdamW's RMS (``adjust_lr_fn="match_rms_adamw"``, Liu et al., "Muon is Scalable for LLM
 Training", 2025) so one peak learning rate serves both. The split and its defaults follow speculators' trainer
 (``speculators/train/optimizers.py``: Muon lr = lr, momentum 0.95, weight decay 0.1), which trains EAGLE-3 drafters
-with it by default; the Muon itself is PyTorch's ``torch.optim.Muon``.
+with it by default; the Muon itself is PyTorch's ``torch.optim.Muon``, its Newton-Schulz iteration run in float32 on
+CPUs that emulate bf16 (``newton_schulz.py``).
 
 Each optimizer gets its own ``LambdaLR`` on the same schedule (:class:`LRSchedule`, shaped by :func:`lr_lambda`); both
 are stepped and saved as one.
@@ -21,6 +22,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from draftsmith.drafter.newton_schulz import float32_newton_schulz
+from draftsmith.precision import cpu_has_bf16_kernels
 
 # 2-D weights that are not hidden matrices: an embedding's rows and the output head's rows are per-token vectors
 ADAMW_ONLY = ("embed_tokens", "lm_head")
@@ -60,6 +64,8 @@ class Optimizers:
         if not muon and not adamw:
             raise ValueError("the drafter has no trainable parameter")
         self.optimizers: list[torch.optim.Optimizer] = []
+        # torch's Muon orthogonalises in bf16: on a CPU that emulates bf16 that is most of a step (newton_schulz.py)
+        self.ns_float32 = bool(muon) and muon[0].device.type == "cpu" and not cpu_has_bf16_kernels()
         if muon:
             self.optimizers.append(torch.optim.Muon(
                 muon, lr=tc.muon_lr or tc.lr, momentum=tc.muon_momentum, weight_decay=tc.muon_weight_decay,
@@ -72,9 +78,10 @@ class Optimizers:
         return iter(self.optimizers)
 
     def step(self) -> None:
-        """One step of every optimizer."""
+        """One step of every optimizer (Muon's Newton-Schulz in float32 where :attr:`ns_float32`)."""
         for o in self.optimizers:
-            o.step()
+            with float32_newton_schulz(self.ns_float32 and isinstance(o, torch.optim.Muon)):
+                o.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop (or zero) every gradient."""
