@@ -27,7 +27,16 @@ def _load(name: str, path: Path):
     return module
 
 
+USAGE = "usage: peer_launch.py SPECULATORS_TRAIN_ARGS...  (run by .peer-venv/bin/python; --help: speculators' own)"
+
+
 def main() -> None:
+    if importlib.util.find_spec("speculators") is None:  # not the peer's venv
+        print(USAGE)
+        if sys.argv[1:] in (["-h"], ["--help"]):
+            return
+        raise SystemExit("peer_launch.py: speculators is not installed in this Python: run it with "
+                         ".peer-venv/bin/python (built by scripts/peer-venv.sh)")
     import torch
 
     precision = _load("draftsmith_precision", PKG / "precision.py")
