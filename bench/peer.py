@@ -406,6 +406,10 @@ def main() -> None:
         sets = eval_sets(a.eval_sets, prompt_range(a.prompts), a.limit)
     except (DataError, ValueError) as e:
         raise SystemExit(f"--eval-sets: {e}") from e
+    held = [d for d in ("runs", "peer-out") if a.keep and (a.keep / d).exists()]
+    if held:  # a kept run's drafters are never trained over
+        raise SystemExit(f"--keep {a.keep} already holds an earlier run's {' and '.join(held)}: give a new folder "
+                         f"(to measure its drafters again: --trained-from {a.keep} --keep NEW)")
     # the peer's own virtualenv, built once by the repository's script (a no-op when it is there)
     subprocess.run(["bash", str(REPO / "scripts" / "peer-venv.sh")], check=True)
     target = embedded_dir(load_settings().target.cache_dir)

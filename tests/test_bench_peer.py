@@ -170,3 +170,13 @@ def test_a_bad_eval_set_stops_the_bench_before_anything_starts(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "bench" / "peer.py"), "--quick", "--split", "report",
                         "--prompts", "41-80"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 2 and "not allowed with argument" in p.stderr  # one way to name the prompts
+
+
+def test_a_keep_folder_of_an_earlier_run_is_refused_before_anything_starts(tmp_path):
+    # a real command line: an earlier run's drafters are kept in KEEP/runs; nothing is trained over them
+    (tmp_path / "kept" / "runs" / "ours-seed-0").mkdir(parents=True)
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "peer.py"), "--run", str(tmp_path / "no-run"),
+                        "--keep", str(tmp_path / "kept")], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 1 and "already holds an earlier run's runs" in p.stderr, p.stderr
+    assert f"--trained-from {tmp_path / 'kept'}" in p.stderr and "peer-venv" not in p.stdout
+    assert (tmp_path / "kept" / "runs" / "ours-seed-0").is_dir()
