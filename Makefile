@@ -203,6 +203,7 @@ help: ## Every target with its one-line description, and the benchmarks `make be
 	@echo "  peer.py --run R                    draftsmith's drafter vs speculators' on a run's data, in vLLM (~hours)"
 	@echo "  peer_speculators.py --run R        only the peer's side: its data and training (used by peer.py)"
 	@echo "  peer_data.py --run R --prompts N   a data build for peer.py: the default demo's data stages on N prompts (--skip M)"
+	@echo "  peer_launch.py ARGS                speculators' trainer with Muon's arithmetic as draftsmith's here (used by peer.py)"
 	@echo "  protocol.py [--drafter DIR]        the comparisons' prompt split and interval (a library); one drafter at 1 and 16 prompts at once"
 	@echo "  capture.py [--url URL]             the gateway with capture on vs direct requests to vLLM CPU (RATIO capture_latency)"
 	@echo "  family_probe.py [--family F]       a random drafter per family served in vLLM: loads, drafts, identical (~5 min)"
