@@ -210,8 +210,8 @@ def conditions(a, data_hash: str, sets) -> dict:
 
 def machine() -> dict:
     """What a seeded training's result depends on besides its inputs: torch's version and the CPU's bf16 kernels
-    (``amx``, ``avx512_bf16`` or ``none``: both sides train under bf16 autocast, and the same seed gives other
-    weights, and another acceptance length, where the kernels differ). The CPU model is recorded for the reader."""
+    (``amx``, ``avx512_bf16`` or ``none``: they decide ``--precision auto`` and whether Muon's Newton-Schulz runs in
+    bf16 or float32, so the same seed gives other weights where they differ). The CPU model is for the reader."""
     from importlib.metadata import version
 
     from draftsmith.precision import CPUINFO, cpu_has_amx, cpu_has_bf16_kernels
