@@ -324,6 +324,11 @@ class TrainConfig(Section):
         "while training (0: soft cross-entropy against the target's distribution, as EAGLE-3; 1: hard cross-entropy "
         "on the token greedy verification accepts). Held-out losses stay soft.",
     )
+    hard_row_gamma: float = Run(
+        0.0, ge=0, description="Token-level reweighting of hard positions while training: each row's loss times "
+        "(1 - q)**gamma, q the drafter's probability of the target's top-1 (focal loss; 0 = off). Held-out losses "
+        "stay unweighted.",
+    )
     eval_fraction: float = Run(0.05, ge=0, lt=1, description="Share of samples held out for evaluation.")
     eval_every: int = Run(200, ge=1, description="Held-out evaluation every N optimizer steps (and at the end).")
     curve_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Run(

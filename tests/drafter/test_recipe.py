@@ -12,6 +12,7 @@ from draftsmith.drafter.families.eagle3.objective import TTTObjective, add_featu
 from draftsmith.drafter.ttt import (
     acceptance_step_weights,
     greedy_mix,
+    hard_row_weights,
     simulated_acceptance_length,
     target_view,
     ttt_loss,
@@ -133,6 +134,52 @@ def test_acceptance_step_weights_follow_the_training_accuracies(target_cfg):
     assert torch.equal(obj.accs, first)
     with pytest.raises(ValueError, match="not 'decay' or 'acceptance'"):
         TTTObjective(m, k, 0.8, step_weights="uniform")
+
+
+def test_hard_row_weights_are_the_focal_factor_of_the_target_top1():
+    """Row weight (1 - q) ** gamma, q the drafter's probability of the target's top-1; gamma 0 is no weighting."""
+    probs = torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]])  # [1, 2, 3]
+    top = torch.tensor([[0, 0]])
+    w = hard_row_weights(probs.log(), top, 2.0)
+    torch.testing.assert_close(w, torch.tensor([[0.25, 0.81]]))
+    assert not w.requires_grad
+    assert hard_row_weights(probs.log(), top, 0.0) == 1.0
+
+
+def test_hard_row_gamma_weights_the_loss_alike_chunked_and_dense_and_keeps_plain_stats(target_cfg):
+    """Both loss paths weight rows the same way (loss and gradients); the stats' loss sums stay the unweighted
+    soft cross-entropy; the objective weights training batches only."""
+    torch.manual_seed(0)
+    m = Eagle3Drafter(target_cfg)
+    _vocab(m, target_cfg)
+    B, T, k = 2, 12, 3
+    head = torch.randn(target_cfg.vocab_size, target_cfg.hidden_size)
+    head[torch.arange(64) * 3] *= 50
+    ids, mask = torch.randint(0, 300, (B, T)), torch.ones(B, T, dtype=torch.bool)
+    aux, lengths = torch.randn(B, T, 3 * target_cfg.hidden_size), torch.tensor([T, T - 3])
+    view = target_view(torch.randn(B, T, target_cfg.hidden_size), head, m.d2t, m.t2d)
+    results = {}
+    for mode in ("chunked", "dense"):
+        for gamma in (0.0, 2.0):
+            m.zero_grad()
+            loss, stats = ttt_loss(m, ids, mask, aux, lengths, view, k, loss=mode, hard_row_gamma=gamma)
+            loss.backward()
+            results[mode, gamma] = (loss.detach(), stats.loss_sum, m.fc.weight.grad.clone())
+    for gamma in (0.0, 2.0):
+        (lc, sc, gc), (ld, sd, gd) = results["chunked", gamma], results["dense", gamma]
+        torch.testing.assert_close(lc, ld)
+        torch.testing.assert_close(gc, gd)
+        assert sc == pytest.approx(sd)
+    assert results["chunked", 2.0][1] == results["chunked", 0.0][1]  # plain soft-CE in the stats
+    # an untrained drafter gives the top-1 about 1/64: every row weighs a little under 1
+    assert 0.9 * results["chunked", 0.0][0] < results["chunked", 2.0][0] < results["chunked", 0.0][0]
+    batch = {"input_ids": ids, "loss_mask": mask, "aux": aux, "lengths": lengths}
+    plain, focal = TTTObjective(m, k, 0.8), TTTObjective(m, k, 0.8, hard_row_gamma=2.0)
+    with torch.no_grad():
+        assert focal(batch, view)[0] < plain(batch, view)[0]
+        plain.eval()
+        focal.eval()
+        assert torch.equal(focal(batch, view)[0], plain(batch, view)[0])
 
 
 def test_greedy_target_weight_moves_the_target_distribution_onto_its_top1(target_cfg):

@@ -204,6 +204,22 @@ def acceptance_step_weights(accs: torch.Tensor) -> torch.Tensor:
     return w / w[0]
 
 
+def hard_row_weights(logp: torch.Tensor, top: torch.Tensor, gamma: float) -> torch.Tensor | float:
+    """Per-row loss weights ``(1 - q) ** gamma``, ``q`` the drafter's probability of the target's top-1 draft token.
+
+    ``logp`` ``[B, T, N]`` the drafter's log-probabilities, ``top`` ``[B, T]`` the target's top-1 draft index ->
+    ``[B, T]`` weights, detached (they scale each row's gradient, they are not optimised). Rows the drafter already
+    gets right with confidence weigh little; rows it misses weigh up to 1: token-level reweighting of hard
+    positions, the focal loss of Lin et al., 2017 (arXiv:1708.02002) applied to EAGLE's soft cross-entropy.
+    ``gamma`` 0 returns ``1.0`` (no reweighting).
+    """
+    if not gamma:
+        return 1.0
+    with torch.no_grad():
+        q = logp.gather(-1, top.unsqueeze(-1)).squeeze(-1).exp()  # [B, T]
+        return (1.0 - q).clamp(min=0.0).pow(gamma)
+
+
 def _step_weight(decay: float | torch.Tensor, j: int):
     return decay[j] if isinstance(decay, torch.Tensor) else decay**j
 
@@ -224,6 +240,7 @@ def ttt_loss(
     decay: float | torch.Tensor = 0.8,
     all_rows: bool = False,
     loss: str = "chunked",
+    hard_row_gamma: float = 0.0,
 ) -> tuple[torch.Tensor, StepStats]:
     """Unroll ``k`` draft steps and return the weighted loss and per-step sums.
 
@@ -243,9 +260,11 @@ def ttt_loss(
             recomputed; the target distribution is read in place, not shifted and copied per step. ``"dense"``:
             the whole step at once with its tensors kept for backward (the implementation before, the reference of
             ``tests/drafter/test_ttt_blockwise.py``).
+        hard_row_gamma: token-level reweighting of hard rows (:func:`hard_row_weights`); 0 leaves every row at 1.
 
     Returns:
-        ``(loss scalar, StepStats)``; the loss is ``sum_j decay**j * mean_rows(CE_j)``.
+        ``(loss scalar, StepStats)``; the loss is ``sum_j decay**j * mean_rows(w * CE_j)`` (``w`` 1 unless
+        ``hard_row_gamma``); the stats' loss sums are the plain soft-CE, so they compare across settings.
     """
     if loss not in LOSS_MODES:
         raise ValueError(f"ttt loss {loss!r} is not one of {LOSS_MODES}")
@@ -268,14 +287,16 @@ def ttt_loss(
         if loss == "dense":
             logits = model.logits(normed).float()  # [B, T, N]
             tgt = _shift(view.probs, j + 1)  # [B, T, N]
-            ce = -(tgt * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T]
+            logp = F.log_softmax(logits, dim=-1)  # [B, T, N]
+            ce = -(tgt * logp).sum(-1)  # [B, T]
             ce_sum = (ce * rows).sum()
-            total = total + _step_weight(decay, j) * ce_sum / n_rows.clamp(min=1)
+            w = hard_row_weights(logp, _shift(view.top, j + 1), hard_row_gamma)  # [B, T]
+            total = total + _step_weight(decay, j) * (ce * w * rows).sum() / n_rows.clamp(min=1)
             with torch.no_grad():
                 correct = ((logits.argmax(-1) == _shift(view.top, j + 1)) & supervised & in_vocab).sum()
         else:
             weight = _step_weight(decay, j) / n_rows.clamp(min=1)
-            step = _StepLoss(model, view, j, rows, supervised & in_vocab, weight, head)
+            step = _StepLoss(model, view, j, rows, supervised & in_vocab, weight, head, hard_row_gamma)
             params = head.params(model) if head is not None else []
             total = total + _ChunkedSoftCE.apply(step, normed, *params)
             ce_sum, correct = step.ce_sum, step.correct
@@ -329,9 +350,9 @@ class _StepLoss:
     """One step's inputs of :class:`_ChunkedSoftCE` and, after its forward, ``ce_sum`` and ``correct``."""
 
     def __init__(self, model, view: TargetView, j: int, rows: torch.Tensor, counted: torch.Tensor,
-                 weight: torch.Tensor, head: _HeadGrads | None) -> None:
+                 weight: torch.Tensor, head: _HeadGrads | None, gamma: float = 0.0) -> None:
         self.model, self.view, self.j, self.rows, self.counted = model, view, j, rows, counted
-        self.weight, self.head = weight, head
+        self.weight, self.head, self.gamma = weight, head, gamma
         self.ce_sum: torch.Tensor | None = None
         self.correct: torch.Tensor | None = None
 
@@ -359,6 +380,7 @@ class _ChunkedSoftCE(torch.autograd.Function):
         grad = step.head is not None
         dx = torch.zeros_like(x) if grad else None
         ce_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+        total = torch.zeros((), dtype=torch.float32, device=x.device)  # the rows' weighted sum (= ce_sum unless gamma)
         correct = torch.zeros((), dtype=torch.long, device=x.device)
         for s in range(0, n, c):
             e = min(n, s + c)
@@ -366,20 +388,24 @@ class _ChunkedSoftCE(torch.autograd.Function):
             with torch.set_grad_enabled(grad):
                 xc = x[:, s:e].detach().requires_grad_(grad)
                 logits = model.logits(xc).float()  # [B, c, N]
-                part = (-(tgt * F.log_softmax(logits, dim=-1)).sum(-1) * step.rows[:, s:e]).sum()
-                term = part * step.weight
+                logp = F.log_softmax(logits, dim=-1)
+                ce = -(tgt * logp).sum(-1) * step.rows[:, s:e]  # [B, c]
+                part = ce.sum()
+                weighted = part if not step.gamma else (ce * hard_row_weights(logp, top, step.gamma)).sum()
+                term = weighted * step.weight
+            total += weighted.detach()
             correct += ((logits.detach().argmax(-1) == top) & step.counted[:, s:e]).sum()
             ce_sum += part.detach()
             if grad:
                 g = torch.autograd.grad(term, [xc, *params], allow_unused=True)
                 dx[:, s:e] = g[0]
                 step.head.add(g[1:])
-            del logits, part, term
+            del logits, logp, ce, part, weighted, term
         step.ce_sum, step.correct = ce_sum, correct
         ctx.step = step
         if grad:
             ctx.save_for_backward(dx)
-        return step.weight * ce_sum
+        return step.weight * total
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):

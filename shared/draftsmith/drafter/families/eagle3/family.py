@@ -35,7 +35,7 @@ class Eagle3Family:
         """The TTT objective (``k = train.ttt_steps``, step weights ``train.loss_decay ** j`` or ``train.step_weights``)."""
         return TTTObjective(
             model, tc.ttt_steps, tc.loss_decay, tc.loss_rows == "all", tc.feature_noise, tc.ttt_loss,
-            tc.step_weights,
+            tc.step_weights, tc.hard_row_gamma,
         )
 
     def load_checkpoint(self, ckpt: Path, target_path: str) -> Eagle3Drafter:

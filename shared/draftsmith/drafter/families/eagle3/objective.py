@@ -24,16 +24,19 @@ class TTTObjective(nn.Module):
             (:func:`~draftsmith.drafter.ttt.acceptance_step_weights` of the running per-step training accuracies,
             an exponential average with :data:`ACC_EMA` kept on the device; ``decay ** j`` until the first batch,
             and again after a resume, as the average is not checkpointed).
+        hard_row_gamma: in training mode, rows weighted by :func:`~draftsmith.drafter.ttt.hard_row_weights`
+            (held-out losses stay unweighted); 0 = off.
     """
 
     def __init__(self, drafter: Eagle3Drafter, k: int, decay: float, all_rows: bool = False,
-                 feature_noise: float = 0.0, loss: str = "chunked", step_weights: str = "decay") -> None:
+                 feature_noise: float = 0.0, loss: str = "chunked", step_weights: str = "decay",
+                 hard_row_gamma: float = 0.0) -> None:
         super().__init__()
         self.drafter, self.k, self.decay = drafter, k, decay
         self.all_rows, self.feature_noise, self.loss = all_rows, feature_noise, loss
         if step_weights not in ("decay", "acceptance"):
             raise ValueError(f"step weights {step_weights!r} are not 'decay' or 'acceptance'")
-        self.step_weights = step_weights
+        self.step_weights, self.hard_row_gamma = step_weights, hard_row_gamma
         self.accs: torch.Tensor | None = None  # [k] running training accuracies ("acceptance" only)
 
     def _weights(self) -> float | torch.Tensor:
@@ -46,7 +49,8 @@ class TTTObjective(nn.Module):
         if self.training and self.feature_noise > 0:
             aux = add_feature_noise(aux.float(), len(self.drafter.cfg.layer_ids), self.feature_noise)
         loss, stats = ttt_loss(self.drafter, batch["input_ids"], batch["loss_mask"], aux, batch["lengths"],
-                               view, self.k, self._weights(), self.all_rows, self.loss)
+                               view, self.k, self._weights(), self.all_rows, self.loss,
+                               self.hard_row_gamma if self.training else 0.0)
         if self.training and self.step_weights == "acceptance":
             with torch.no_grad():  # on the device: no host read per step
                 acc = (stats.sums[2] / stats.sums[3].clamp(min=1)).float()  # [k]

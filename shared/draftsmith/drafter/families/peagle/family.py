@@ -88,7 +88,7 @@ class PEagleFamily:
         """The TTT objective over K = ``train.ttt_steps`` parallel slots (module docstring)."""
         return TTTObjective(
             model, tc.ttt_steps, tc.loss_decay, tc.loss_rows == "all", tc.feature_noise, tc.ttt_loss,
-            tc.step_weights,
+            tc.step_weights, tc.hard_row_gamma,
         )
 
     def load_checkpoint(self, ckpt: Path, target_path: str) -> PEagleDrafter:
