@@ -31,6 +31,16 @@ def _vocab(m: Eagle3Drafter, cfg) -> None:
     m.t2d.copy_(t2d)
 
 
+def _drafter_and_head(cfg) -> tuple[Eagle3Drafter, torch.Tensor]:
+    """A seeded drafter with the test vocabulary and a target head whose top-1 always lies in it."""
+    torch.manual_seed(0)
+    m = Eagle3Drafter(cfg)
+    _vocab(m, cfg)
+    head = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    head[torch.arange(64) * 3] *= 50  # every top-1 in the draft vocabulary
+    return m, head
+
+
 @torch.no_grad()
 def test_fc_norm_evens_out_the_scale_of_each_aux_feature(embedded_target):
     """With fc_norm, scaling one aux layer's feature (SmolLM2's three differ ~7x) does not change fc's input;
@@ -115,12 +125,8 @@ def test_acceptance_step_weights_are_the_gradient_of_acceptance_length():
 def test_acceptance_step_weights_follow_the_training_accuracies(target_cfg):
     """The objective starts at decay ** j, then weights steps by the running training accuracies; evaluation
     neither changes nor is changed by them."""
-    torch.manual_seed(0)
-    m = Eagle3Drafter(target_cfg)
-    _vocab(m, target_cfg)
+    m, head = _drafter_and_head(target_cfg)
     B, T, k = 2, 12, 3
-    head = torch.randn(target_cfg.vocab_size, target_cfg.hidden_size)
-    head[torch.arange(64) * 3] *= 50
     batch = {"input_ids": torch.randint(0, 300, (B, T)), "loss_mask": torch.ones(B, T, dtype=torch.bool),
              "aux": torch.randn(B, T, 3 * target_cfg.hidden_size), "lengths": torch.tensor([T, T])}
     view = target_view(torch.randn(B, T, target_cfg.hidden_size), head, m.d2t, m.t2d)
@@ -149,12 +155,8 @@ def test_hard_row_weights_are_the_focal_factor_of_the_target_top1():
 def test_hard_row_gamma_weights_the_loss_alike_chunked_and_dense_and_keeps_plain_stats(target_cfg):
     """Both loss paths weight rows the same way (loss and gradients); the stats' loss sums stay the unweighted
     soft cross-entropy; the objective weights training batches only."""
-    torch.manual_seed(0)
-    m = Eagle3Drafter(target_cfg)
-    _vocab(m, target_cfg)
+    m, head = _drafter_and_head(target_cfg)
     B, T, k = 2, 12, 3
-    head = torch.randn(target_cfg.vocab_size, target_cfg.hidden_size)
-    head[torch.arange(64) * 3] *= 50
     ids, mask = torch.randint(0, 300, (B, T)), torch.ones(B, T, dtype=torch.bool)
     aux, lengths = torch.randn(B, T, 3 * target_cfg.hidden_size), torch.tensor([T, T - 3])
     view = target_view(torch.randn(B, T, target_cfg.hidden_size), head, m.d2t, m.t2d)
