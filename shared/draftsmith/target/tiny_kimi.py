@@ -164,70 +164,72 @@ def make_tiny_kimi(cache_dir: Path, prompts_dir: Path, steps: int = 200, example
     from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
     out = tiny_kimi_dir(cache_dir)
-    if tiny_mla.is_current(out, steps=steps, examples=examples, seed=seed, kimi_recipe=RECIPE_VERSION) and not force:
-        log.info("tiny Kimi-K2.5-layout target already built at %s", out)
-        return out
-    t0 = time.time()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        tok = build_tokenizer(tmp, prompts_dir)
-        ids = {t: tok.convert_tokens_to_ids(t) for t in ("[BOS]", "<|im_end|>", "[EOS]", "<|media_pad|>",
-                                                          "<|media_begin|>", "<|media_end|>")}
-        torch.manual_seed(seed)
-        text = DeepseekV3Config(**{**tiny_mla.TINY_MLA, "vocab_size": len(tok)}, bos_token_id=ids["[BOS]"],
-                                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["[EOS]"])
-        lm = DeepseekV3ForCausalLM(text).float()
-        loss = None
-        if steps > 0:
-            batch_ids, masks = tiny_mla.training_batches(tok, tiny_mla.gsm8k_examples(prompts_dir, examples))
-            loss = tiny_mla.train(lm, batch_ids, masks, steps, seed=seed)
-        text_cfg = {**lm.config.to_dict(), "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"]}
-        cfg = Kimi_K25Config(text_config=text_cfg, vision_config=TINY_VISION, projection_hidden_size=64,
-                             image_token_id=ids["<|media_pad|>"], video_token_id=ids["<|media_pad|>"],
-                             vision_start_token_id=ids["<|media_begin|>"], vision_end_token_id=ids["<|media_end|>"],
-                             tie_word_embeddings=False)
-        # published names on both sides, from transformers' own save mappings (which unfuse the MoE experts into
-        # experts.N.*_proj as vLLM's loader reads them): the language model saved alone, then prefixed; the vision
-        # tower and projector from a scratch save of the whole wrapper
-        from safetensors.torch import load_file
-
-        scratch = tmp / "scratch"
-        lm.save_pretrained(scratch / "lm")
-        Kimi_K25ForConditionalGeneration(cfg).float().save_pretrained(scratch / "kimi")
-        state = _hub_names(load_file(str(scratch / "lm" / SAFE_WEIGHTS_NAME)))
-        state.update({k.removeprefix("model."): v for k, v in load_file(str(scratch / "kimi" / SAFE_WEIGHTS_NAME))
-                      .items() if k.removeprefix("model.").startswith(("vision_tower.", "mm_projector."))})
-        shutil.rmtree(scratch)
-        save_file(state, str(tmp / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
-        size = sum(v.numel() * v.element_size() for v in state.values())
-        index = {"metadata": {"total_size": size}, "weight_map": {k: SAFE_WEIGHTS_NAME for k in sorted(state)}}
-        (tmp / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-        config = cfg.to_dict()
-        # the published config names vLLM's class (transformers' own is Kimi_K25ForConditionalGeneration)
-        config["architectures"] = ["KimiK25ForConditionalGeneration"]
-        config["text_config"]["model_type"] = "kimi_k2"
-        # the published config's name for the media token, which vLLM's EAGLE-3 proposer reads from a Kimi-K2.5
-        # target (transformers' Kimi_K25Config calls it image_token_id)
-        config["media_placeholder_token_id"] = ids["<|media_pad|>"]
-        target_config_path(tmp).write_text(json.dumps(config, indent=2) + "\n")
-        GenerationConfig(bos_token_id=ids["[BOS]"], eos_token_id=ids["<|im_end|>"],
-                         pad_token_id=ids["[EOS]"]).save_pretrained(tmp)
-        (tmp / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n")
-        _check_loads(tmp)
-        digest = hashlib.sha256((tmp / SAFE_WEIGHTS_NAME).read_bytes()).hexdigest()
-        marker = {"recipe_version": tiny_mla.RECIPE_VERSION, "kimi_recipe": RECIPE_VERSION, "weights_sha256": digest,
-                  "steps": steps, "examples": examples, "seed": seed, "final_train_loss": loss,
-                  "built_in_s": round(time.time() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
-    except BaseException:
+    # one build at a time per cache: a second process waits, then finds the checkpoint current
+    with tiny_mla.build_lock(out):
+        if tiny_mla.is_current(out, steps=steps, examples=examples, seed=seed, kimi_recipe=RECIPE_VERSION) and not force:
+            log.info("tiny Kimi-K2.5-layout target already built at %s", out)
+            return out
+        t0 = time.time()
+        tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    log.info("tiny Kimi-K2.5-layout target built at %s in %.0f s (loss %s)", out, time.time() - t0, loss)
-    return out
+        tmp.mkdir(parents=True)
+        try:
+            tok = build_tokenizer(tmp, prompts_dir)
+            ids = {t: tok.convert_tokens_to_ids(t) for t in ("[BOS]", "<|im_end|>", "[EOS]", "<|media_pad|>",
+                                                              "<|media_begin|>", "<|media_end|>")}
+            torch.manual_seed(seed)
+            text = DeepseekV3Config(**{**tiny_mla.TINY_MLA, "vocab_size": len(tok)}, bos_token_id=ids["[BOS]"],
+                                    eos_token_id=ids["<|im_end|>"], pad_token_id=ids["[EOS]"])
+            lm = DeepseekV3ForCausalLM(text).float()
+            loss = None
+            if steps > 0:
+                batch_ids, masks = tiny_mla.training_batches(tok, tiny_mla.gsm8k_examples(prompts_dir, examples))
+                loss = tiny_mla.train(lm, batch_ids, masks, steps, seed=seed)
+            text_cfg = {**lm.config.to_dict(), "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"]}
+            cfg = Kimi_K25Config(text_config=text_cfg, vision_config=TINY_VISION, projection_hidden_size=64,
+                                 image_token_id=ids["<|media_pad|>"], video_token_id=ids["<|media_pad|>"],
+                                 vision_start_token_id=ids["<|media_begin|>"], vision_end_token_id=ids["<|media_end|>"],
+                                 tie_word_embeddings=False)
+            # published names on both sides, from transformers' own save mappings (which unfuse the MoE experts into
+            # experts.N.*_proj as vLLM's loader reads them): the language model saved alone, then prefixed; the vision
+            # tower and projector from a scratch save of the whole wrapper
+            from safetensors.torch import load_file
+
+            scratch = tmp / "scratch"
+            lm.save_pretrained(scratch / "lm")
+            Kimi_K25ForConditionalGeneration(cfg).float().save_pretrained(scratch / "kimi")
+            state = _hub_names(load_file(str(scratch / "lm" / SAFE_WEIGHTS_NAME)))
+            state.update({k.removeprefix("model."): v for k, v in load_file(str(scratch / "kimi" / SAFE_WEIGHTS_NAME))
+                          .items() if k.removeprefix("model.").startswith(("vision_tower.", "mm_projector."))})
+            shutil.rmtree(scratch)
+            save_file(state, str(tmp / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
+            size = sum(v.numel() * v.element_size() for v in state.values())
+            index = {"metadata": {"total_size": size}, "weight_map": {k: SAFE_WEIGHTS_NAME for k in sorted(state)}}
+            (tmp / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+            config = cfg.to_dict()
+            # the published config names vLLM's class (transformers' own is Kimi_K25ForConditionalGeneration)
+            config["architectures"] = ["KimiK25ForConditionalGeneration"]
+            config["text_config"]["model_type"] = "kimi_k2"
+            # the published config's name for the media token, which vLLM's EAGLE-3 proposer reads from a Kimi-K2.5
+            # target (transformers' Kimi_K25Config calls it image_token_id)
+            config["media_placeholder_token_id"] = ids["<|media_pad|>"]
+            target_config_path(tmp).write_text(json.dumps(config, indent=2) + "\n")
+            GenerationConfig(bos_token_id=ids["[BOS]"], eos_token_id=ids["<|im_end|>"],
+                             pad_token_id=ids["[EOS]"]).save_pretrained(tmp)
+            (tmp / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n")
+            _check_loads(tmp)
+            digest = hashlib.sha256((tmp / SAFE_WEIGHTS_NAME).read_bytes()).hexdigest()
+            marker = {"recipe_version": tiny_mla.RECIPE_VERSION, "kimi_recipe": RECIPE_VERSION, "weights_sha256": digest,
+                      "steps": steps, "examples": examples, "seed": seed, "final_train_loss": loss,
+                      "built_in_s": round(time.time() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        log.info("tiny Kimi-K2.5-layout target built at %s in %.0f s (loss %s)", out, time.time() - t0, loss)
+        return out
 
 
 def _check_loads(folder: Path) -> None:

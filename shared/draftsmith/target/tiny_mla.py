@@ -27,11 +27,15 @@ What it builds (``TINY_MLA`` below):
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from draftsmith.errors import ModelError
@@ -68,6 +72,30 @@ _CALC = re.compile(r"<<[^>]*>>")
 def tiny_mla_dir(cache_dir: Path) -> Path:
     """Folder the tiny MLA checkpoint is written into (``<cache>/models/tiny-mla-deepseek-v3``)."""
     return Path(cache_dir).expanduser() / "models" / TINY_MLA_NAME
+
+
+@contextmanager
+def build_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the folder that holds ``out`` (the cache's ``models``) while a tiny target is
+    built, so that two processes building into the same cache (two test workers, a demo beside a test) do not write
+    the same ``.tmp`` folder at once: the second waits, then finds the checkpoint current. The lock is on the
+    folder itself, so nothing is left behind, and the kernel drops it if the holder dies.
+
+    Raises:
+        OSError: the folder cannot be created or opened.
+    """
+    parent = Path(out).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is building a tiny target in %s: waiting for it", parent)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def is_current(path: Path, **recipe) -> bool:
@@ -276,35 +304,37 @@ def make_tiny_mla(cache_dir: Path, prompts_dir: Path, steps: int = 200, examples
     from transformers.utils import SAFE_WEIGHTS_NAME
 
     out = tiny_mla_dir(cache_dir)
-    if is_current(out, steps=steps, examples=examples, seed=seed) and not force:
-        log.info("tiny MLA target already built at %s", out)
-        return out
-    t0 = time.time()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        tok = build_tokenizer(tmp, prompts_dir)
-        torch.manual_seed(seed)
-        cfg = DeepseekV3Config(**TINY_MLA, bos_token_id=tok.convert_tokens_to_ids(BOS),
-                               eos_token_id=tok.convert_tokens_to_ids(EOS), pad_token_id=tok.convert_tokens_to_ids(EOS))
-        model = DeepseekV3ForCausalLM(cfg).float()
-        loss = None
-        if steps > 0:
-            ids, masks = training_batches(tok, gsm8k_examples(prompts_dir, examples))
-            loss = train(model, ids, masks, steps, seed=seed)
-        model.config.architectures = ["DeepseekV3ForCausalLM"]
-        model.save_pretrained(tmp)
-        digest = hashlib.sha256((tmp / SAFE_WEIGHTS_NAME).read_bytes()).hexdigest()
-        # weights_sha256 is the target revision that features are pinned to (draftsmith.features.plan)
-        marker = {"recipe_version": RECIPE_VERSION, "weights_sha256": digest, "steps": steps, "examples": examples, "seed": seed,
-                  "final_train_loss": loss, "built_in_s": round(time.time() - t0, 1),
-                  "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
-    except BaseException:
+    # one build at a time per cache: a second process waits, then finds the checkpoint current
+    with build_lock(out):
+        if is_current(out, steps=steps, examples=examples, seed=seed) and not force:
+            log.info("tiny MLA target already built at %s", out)
+            return out
+        t0 = time.time()
+        tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    log.info("tiny MLA target built at %s in %.0f s (loss %s)", out, time.time() - t0, loss)
-    return out
+        tmp.mkdir(parents=True)
+        try:
+            tok = build_tokenizer(tmp, prompts_dir)
+            torch.manual_seed(seed)
+            cfg = DeepseekV3Config(**TINY_MLA, bos_token_id=tok.convert_tokens_to_ids(BOS),
+                                   eos_token_id=tok.convert_tokens_to_ids(EOS), pad_token_id=tok.convert_tokens_to_ids(EOS))
+            model = DeepseekV3ForCausalLM(cfg).float()
+            loss = None
+            if steps > 0:
+                ids, masks = training_batches(tok, gsm8k_examples(prompts_dir, examples))
+                loss = train(model, ids, masks, steps, seed=seed)
+            model.config.architectures = ["DeepseekV3ForCausalLM"]
+            model.save_pretrained(tmp)
+            digest = hashlib.sha256((tmp / SAFE_WEIGHTS_NAME).read_bytes()).hexdigest()
+            # weights_sha256 is the target revision that features are pinned to (draftsmith.features.plan)
+            marker = {"recipe_version": RECIPE_VERSION, "weights_sha256": digest, "steps": steps, "examples": examples, "seed": seed,
+                      "final_train_loss": loss, "built_in_s": round(time.time() - t0, 1),
+                      "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        log.info("tiny MLA target built at %s in %.0f s (loss %s)", out, time.time() - t0, loss)
+        return out
