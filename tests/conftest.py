@@ -59,14 +59,10 @@ _share_the_cores()
 
 # Work units in the order the xdist scheduler hands them out, longest first (measured durations: docs/testing.md);
 # everything else follows in collection order. A unit is a shared resource's group ("@vllm") or a test file.
-# The third and fourth are short on purpose: an xdist worker runs a test only once it holds the next one, so the
-# worker that takes the one-test stack unit also takes the unit after it at once (the third with two workers, the
-# fourth with three), and that unit waits for the whole stack test. The two-host test comes before the tiny targets'
-# end-to-end tests: their targets are built one at a time per cache (draftsmith.target.tiny_mla.build_lock), and the
-# stack's fixture builds the Kimi-layout one first.
-LONGEST_FIRST = ("@stack", "@vllm", "tests/test_secrets.py", "tests/test_code_size.py",
-                 "tests/generation/test_multi_host.py", "tests/test_kimi_e2e.py", "tests/test_mla_e2e.py",
-                 "tests/test_peer_quick.py",
+# The third is short on purpose: an xdist worker runs a test only once it holds the next one, so the worker that
+# takes the one-test stack unit also takes the unit after it at once, and that unit waits for the whole stack test.
+LONGEST_FIRST = ("@stack", "@vllm", "tests/test_secrets.py", "tests/test_kimi_e2e.py", "tests/test_mla_e2e.py",
+                 "tests/test_peer_quick.py", "tests/generation/test_multi_host.py",
                  "tests/drafter/test_e2e_vllm.py", "tests/drafter/test_drafter_families.py", "tests/drafter/test_dflash.py",
                  "tests/drafter/test_ddp.py", "tests/drafter/test_object_store_run.py",
                  "tests/features/test_extract_on_store.py", "tests/generation/test_store_outage.py",

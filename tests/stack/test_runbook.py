@@ -95,25 +95,14 @@ def compose_cli(env: dict[str, str]) -> str:
     return "docker compose" if v2 is not None and v2.returncode == 0 else "docker-compose"
 
 
-def tiny_kimi_start(env: dict[str, str], logs: Path) -> subprocess.Popen:
-    """Start `draftsmith target make-tiny-kimi` (step 1's download, on a CPU) in the background: its training holds
-    one core for minutes while podman starts and the images build, which mostly wait on downloads and disk."""
+def tiny_kimi(models: Path, env: dict[str, str]) -> Path:
+    """`draftsmith target make-tiny-kimi`'s folder copied to MODELS_DIR/<TARGET> (step 1's download, on a CPU)."""
     cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "draftsmith", "target", "make-tiny-kimi"]
-    # files, not pipes: nobody reads the build's log while it runs, and a full pipe would stop it
-    with (logs / "tiny-kimi.out").open("w") as out, (logs / "tiny-kimi.err").open("w") as err:
-        return subprocess.Popen(cmd, cwd=REPO, env=dict(env), stdout=out, stderr=err)
-
-
-def tiny_kimi_copy(build: subprocess.Popen, logs: Path, models: Path) -> Path:
-    """Wait for :func:`tiny_kimi_start`'s build and copy its folder to MODELS_DIR/<TARGET>."""
-    rc = build.wait(timeout=1200)
-    out, err = (logs / "tiny-kimi.out").read_text(), (logs / "tiny-kimi.err").read_text()
-    assert rc == 0, (out + err)[-3000:]
-    src = Path(out.strip().splitlines()[-1])  # the folder (the log goes to stderr)
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    src = Path(p.stdout.strip().splitlines()[-1])  # the folder (the log goes to stderr)
     dst = models / TARGET
     shutil.copytree(src, dst)
-    for p in [dst, *dst.rglob("*")]:
-        os.chown(p, UID, UID)
     return dst
 
 
@@ -198,31 +187,28 @@ def stack(tmp_path_factory):
         env["DRAFTSMITH_TARGET__CACHE_DIR"] = os.environ["TEST_DRAFTSMITH_CACHE"]
     env["DRAFTSMITH_PROMPTS_DIR"] = str(REPO / "data" / "prompts")
     t0 = time.time()
-    build = tiny_kimi_start(env, tmp)
+    target = tiny_kimi(tmp / "models", env)
+    for p in [target, *target.rglob("*")]:
+        os.chown(p, UID, UID)
+    record_phase("tiny Kimi target (runbook)", time.time() - t0)
     env.pop("DRAFTSMITH_TARGET__CACHE_DIR", None)
     env.pop("DRAFTSMITH_PROMPTS_DIR", None)
+    started_engine = not Path("/run/draftsmith-podman/health-ticker.pid").exists()
+    out = sh(["scripts/podman-host.sh", "start"], env, timeout=900)
+    for line in out.splitlines():
+        if line.startswith("export DOCKER_HOST="):
+            env["DOCKER_HOST"] = line.split("=", 1)[1]
+    compose = f"{compose_cli(env)} -p {PROJECT} --env-file {tmp / '.env'} -f compose.yaml"
     try:
-        started_engine = not Path("/run/draftsmith-podman/health-ticker.pid").exists()
-        out = sh(["scripts/podman-host.sh", "start"], env, timeout=900)
-        for line in out.splitlines():
-            if line.startswith("export DOCKER_HOST="):
-                env["DOCKER_HOST"] = line.split("=", 1)[1]
-        compose = f"{compose_cli(env)} -p {PROJECT} --env-file {tmp / '.env'} -f compose.yaml"
-        try:
-            yield from _stack(tmp, env, compose, build, t0)
-        finally:
-            teardown(env, compose)
-            if started_engine:
-                sh(["scripts/podman-host.sh", "stop"], env, check=False)
+        yield from _stack(tmp, env, compose)
     finally:
-        if build.poll() is None:  # the test failed before it waited for the build
-            build.kill()
-            build.wait()
+        teardown(env, compose)
+        if started_engine:
+            sh(["scripts/podman-host.sh", "stop"], env, check=False)
 
 
-def _stack(tmp: Path, env: dict[str, str], compose: str, build: subprocess.Popen, t0: float):
-    """`.env` (from .env.example and section 3's host lines), the images, then the tiny target ``build`` started at
-    ``t0`` waited for and copied; yields the test's context."""
+def _stack(tmp: Path, env: dict[str, str], compose: str):
+    """`.env` (from .env.example and section 3's host lines) and the images; yields the test's context."""
     ports = {
         "REDIS_PORT": free_port(),
         "PROMETHEUS_PORT": free_port(),
@@ -246,11 +232,9 @@ def _stack(tmp: Path, env: dict[str, str], compose: str, build: subprocess.Popen
     }
     for k, v in host.items():
         set_env(env_file, k, f"{k}={v}")
-    t_images = time.time()
+    t0 = time.time()
     sh(["make", "-s", "images", f"ENV_FILE={env_file}"], env, timeout=1800)
-    record_phase("images (runbook test)", time.time() - t_images)
-    tiny_kimi_copy(build, tmp, tmp / "models")
-    record_phase("tiny Kimi target (runbook)", time.time() - t0)  # beside the engine's start and the images
+    record_phase("images (runbook test)", time.time() - t0)
     image = next(
         ln.split("=", 1)[1] for ln in env_file.read_text().splitlines() if ln.startswith("PROJECT_IMAGE=")
     )
